@@ -1,0 +1,44 @@
+# Every target sets up its own virtual environment: `make demo` and `make test` work on a
+# fresh clone with nothing installed by hand.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# CPU build of torch on machines without an NVIDIA GPU (here: a local wheel; elsewhere set
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu), the default CUDA build where one is.
+TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+TORCH_INDEX ?=
+DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none
+
+.PHONY: install demo test lint format fixtures clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	@echo "== a healthy checkpoint: examples/demo-run/global_step_100"
+	$(VENV)/bin/collapsecheck scan examples/demo-run/global_step_100 $(DEMO_ARGS)
+	@echo "== the same run, collapsed: examples/demo-run/global_step_500"
+	$(VENV)/bin/collapsecheck scan examples/demo-run/global_step_500 $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check collapsecheck tests scripts
+	$(VENV)/bin/ruff format --check collapsecheck tests scripts
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check collapsecheck tests scripts
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format collapsecheck tests scripts
+	$(VENV)/bin/ruff check --fix collapsecheck tests scripts
+
+fixtures: $(STAMP)
+	$(PY) scripts/make_fixtures.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

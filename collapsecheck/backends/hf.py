@@ -1,0 +1,261 @@
+"""The transformers backend: sampling with the model's own key/value cache, and two scorers.
+
+- `cached` (default): each distinct context (a prompt) is run once; its key/value cache is
+  copied to a batch of continuations, which are packed by length (right padding).
+- `naive` (reference, SPEC-exact by construction): one plain forward pass over
+  [context | continuation] for every request.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from collapsecheck.backends.base import (
+    DEFAULT_BATCH_TOKENS,
+    Progress,
+    Sample,
+    SamplingParams,
+    ScoreRequest,
+    prompt_seed,
+)
+from collapsecheck.checkpoint import (
+    check_checkpoint_dir,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
+from collapsecheck.errors import CollapsecheckError
+
+SCORERS = ("cached", "naive")
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
+    """Indices grouped longest first so that (batch size x longest length) <= max_tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batch: list[int] = []
+    for index in order:
+        longest = lengths[batch[0]] if batch else lengths[index]
+        if batch and (len(batch) + 1) * longest > max_tokens:
+            yield batch
+            batch = []
+        batch.append(index)
+    if batch:
+        yield batch
+
+
+def token_logprob_sums(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
+) -> np.ndarray:
+    """Sum over masked positions of log softmax(logits)[target], in float64 on the host.
+
+    logits: (B, T, V) predicting targets (B, T); mask: (B, T) bool.
+    """
+    logits = logits.float()
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logprobs = picked - torch.logsumexp(logits, dim=-1)
+    return (logprobs.double() * mask).sum(dim=1).cpu().numpy()
+
+
+def _right_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out.to(device)
+
+
+def _positions_mask(starts: Sequence[int], ends: Sequence[int], width: int) -> torch.Tensor:
+    position = torch.arange(width)[None, :]
+    return (position >= torch.tensor(starts)[:, None]) & (position < torch.tensor(ends)[:, None])
+
+
+class TransformersBackend:
+    """Backend over a transformers causal LM loaded from a local checkpoint directory."""
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        scorer: str = "cached",
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    ) -> None:
+        if scorer not in SCORERS:
+            raise CollapsecheckError(f"--scorer must be one of {', '.join(SCORERS)}, got {scorer!r}")
+        if batch_tokens < 1:
+            raise CollapsecheckError(f"--batch-tokens must be at least 1, got {batch_tokens}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.scorer = scorer
+        self.batch_tokens = batch_tokens
+        self.device = str(next(model.parameters()).device)
+        self.stop_ids = self._stop_token_ids()
+        self.pad_id = int(self.stop_ids[0]) if self.stop_ids else 0
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        scorer: str = "cached",
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    ) -> TransformersBackend:
+        path = check_checkpoint_dir(path)
+        tokenizer = load_tokenizer(path)
+        resolved = resolve_device(device)
+        model = load_model(path, resolved, resolve_dtype(dtype, resolved))
+        return cls(model, tokenizer, scorer=scorer, batch_tokens=batch_tokens)
+
+    def _stop_token_ids(self) -> list[int]:
+        """End-of-sequence ids of the generation config and the tokenizer, in that order."""
+        ids: list[int] = []
+        config = getattr(self.model, "generation_config", None)
+        for source in (getattr(config, "eos_token_id", None), self.tokenizer.eos_token_id):
+            for token in source if isinstance(source, list) else [source]:
+                if token is not None and int(token) not in ids:
+                    ids.append(int(token))
+        return ids
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "backend": self.name,
+            "device": self.device,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "scorer": self.scorer,
+        }
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    # -- the shared step: run a context once --------------------------------------------
+
+    def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
+        """Key/value cache of one context and the logits that predict its next token."""
+        ids = torch.tensor([list(context)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return out.past_key_values, out.logits[:, -1, :]
+
+    # -- sampling -----------------------------------------------------------------------
+
+    @staticmethod
+    def _next_tokens(
+        logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> torch.Tensor:
+        if params.temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0))
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    def _sample_one_prompt(
+        self, prompt: Sequence[int], params: SamplingParams, seed: int
+    ) -> list[Sample]:
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        cache, logits = self._prefill(prompt)
+        cache.batch_repeat_interleave(params.k)
+        logits = logits.expand(params.k, -1)
+        stops = torch.tensor(self.stop_ids or [-1], device=self.device)
+        finished = torch.zeros(params.k, dtype=torch.bool, device=self.device)
+        steps: list[torch.Tensor] = []
+        for _ in range(params.max_new_tokens):
+            tokens = self._next_tokens(logits, params, generator)
+            tokens = torch.where(finished, torch.full_like(tokens, self.pad_id), tokens)
+            steps.append(tokens)
+            finished |= torch.isin(tokens, stops)
+            if bool(finished.all()):
+                break
+            out = self.model(input_ids=tokens[:, None], past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1, :]
+        return self._split_samples(torch.stack(steps, dim=1).tolist())
+
+    def _split_samples(self, rows: list[list[int]]) -> list[Sample]:
+        samples = []
+        for row in rows:
+            stop = next((i for i, token in enumerate(row) if token in self.stop_ids), None)
+            samples.append(Sample(tuple(row[:stop]), truncated=stop is None))
+        return samples
+
+    @torch.inference_mode()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
+    ) -> list[list[Sample]]:
+        results = []
+        for index, prompt in enumerate(prompts):
+            results.append(self._sample_one_prompt(prompt, params, prompt_seed(params.seed, index)))
+            progress(1)
+        return results
+
+    # -- scoring ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
+        out = np.zeros(len(requests), dtype=np.float64)
+        if self.scorer == "naive":
+            self._score_naive(requests, out, progress)
+        else:
+            self._score_cached(requests, out, progress)
+        return out
+
+    def _score_naive(
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
+    ) -> None:
+        sequences = [r.context + r.continuation for r in requests]
+        for batch in length_batches([len(s) for s in sequences], self.batch_tokens):
+            rows = [sequences[i] for i in batch]
+            ids = _right_pad(rows, self.pad_id, self.device)
+            attention = _positions_mask([0] * len(rows), [len(r) for r in rows], ids.shape[1])
+            logits = self.model(input_ids=ids, attention_mask=attention.to(self.device)).logits
+            # logits[:, t] predicts ids[:, t + 1]
+            starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
+            ends = [len(r) - 1 for r in rows]
+            mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
+            out[batch] = token_logprob_sums(logits[:, :-1], ids[:, 1:], mask)
+            progress(len(batch))
+
+    def _score_cached(
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
+    ) -> None:
+        by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            by_context[request.context].append(index)
+        for context, members in by_context.items():
+            cache, first_logits = self._prefill(context)
+            lengths = [len(requests[i].continuation) for i in members]
+            for positions in length_batches(lengths, self.batch_tokens):
+                batch = [members[p] for p in positions]
+                out[batch] = self._score_continuations(
+                    cache, first_logits, [requests[i] for i in batch]
+                )
+                progress(len(batch))
+
+    def _score_continuations(
+        self, cache: Any, first_logits: torch.Tensor, requests: Sequence[ScoreRequest]
+    ) -> np.ndarray:
+        """Score continuations that share one context, reusing its key/value cache."""
+        rows = [r.continuation for r in requests]
+        ids = _right_pad(rows, self.pad_id, self.device)
+        batch_cache = copy.deepcopy(cache)
+        batch_cache.batch_repeat_interleave(len(rows))
+        logits = self.model(input_ids=ids, past_key_values=batch_cache, use_cache=True).logits
+        # prediction for continuation token t: the context's last logits (t = 0), else logits[t-1]
+        predictions = torch.cat([first_logits.expand(len(rows), 1, -1), logits[:, :-1]], dim=1)
+        starts = [r.scored_from for r in requests]
+        mask = _positions_mask(starts, [len(r) for r in rows], ids.shape[1]).to(self.device)
+        return token_logprob_sums(predictions, ids, mask)

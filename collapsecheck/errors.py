@@ -1,0 +1,8 @@
+"""The one exception type for bad input: the CLI prints its message on one line, exit code 2."""
+
+
+class CollapsecheckError(Exception):
+    """A problem with the user's input (a file, a line, an option), not a bug in collapsecheck.
+
+    The message names what is at fault and, where there is one, what to do about it.
+    """

@@ -1,0 +1,279 @@
+"""Metrics of the cross log-probability matrix (SPEC, "The cross log-probability matrix" and
+"Metrics"). Pure numpy/scipy: no torch, no I/O, usable on hand-made matrices or inside a
+training loop.
+
+Every mean-type metric is written as a function of *weighted* row means. The point estimate
+weights each row by 1; the bootstrap weights each row by how often its prompt was drawn.
+One code path therefore gives the estimate and its interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import gammaln, logsumexp
+
+RETRIEVAL_KS = (2, 4, 8)
+ZSCORE_EPS = 1e-3
+EMA_DECAY = 0.9
+DEFAULT_RESAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A metric's point value with its 95% percentile-bootstrap interval."""
+
+    value: float
+    low: float
+    high: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+
+MetricValue = Estimate | float
+
+
+@dataclass(frozen=True)
+class CrossLogProbs:
+    """The M x N matrices of SPEC "The cross log-probability matrix".
+
+    `row_prompt[r]` is the prompt (column) that produced trace r; `column_group[j]` is the same
+    for every column whose rendered prompt ids are identical (duplicates retrieve as one).
+    """
+
+    sum: np.ndarray
+    mean: np.ndarray
+    row_prompt: np.ndarray
+    column_group: np.ndarray
+
+    def __post_init__(self) -> None:
+        m, n = self.sum.shape
+        if self.mean.shape != (m, n):
+            raise ValueError(f"sum is {self.sum.shape} but mean is {self.mean.shape}")
+        if self.row_prompt.shape != (m,) or self.column_group.shape != (n,):
+            raise ValueError("row_prompt must have one entry per row, column_group one per column")
+        if n and (self.row_prompt.min(initial=0) < 0 or self.row_prompt.max(initial=0) >= n):
+            raise ValueError("row_prompt holds an index outside the columns")
+        if not (np.isfinite(self.sum).all() and np.isfinite(self.mean).all()):
+            raise ValueError("the cross log-probability matrix holds NaN or infinite values")
+
+    @property
+    def num_prompts(self) -> int:
+        return self.sum.shape[1]
+
+
+@dataclass(frozen=True)
+class PromptCounts:
+    """Per-prompt counts behind the model-free rates (each array has one entry per prompt)."""
+
+    responses: np.ndarray
+    valid: np.ndarray
+    truncated: np.ndarray
+    distinct_reasoning: np.ndarray
+
+
+def count_per_prompt(
+    num_prompts: int,
+    prompt_index: Sequence[int],
+    valid: Sequence[bool],
+    truncated: Sequence[bool],
+    reasoning: Sequence[str],
+) -> PromptCounts:
+    """Per-prompt response, valid, truncated and distinct-reasoning counts, from one entry
+    per response (all N x K of them, valid or not)."""
+    index = np.asarray(prompt_index, dtype=np.int64)
+    distinct: list[set[str]] = [set() for _ in range(num_prompts)]
+    for p, ok, text in zip(index, valid, reasoning, strict=True):
+        if ok:
+            distinct[p].add(text)
+    return PromptCounts(
+        responses=np.bincount(index, minlength=num_prompts).astype(float),
+        valid=np.bincount(index, weights=np.asarray(valid, float), minlength=num_prompts),
+        truncated=np.bincount(index, weights=np.asarray(truncated, float), minlength=num_prompts),
+        distinct_reasoning=np.array([len(d) for d in distinct], dtype=float),
+    )
+
+
+def matched_and_marginal(logprobs: np.ndarray, row_prompt: np.ndarray) -> tuple[np.ndarray, ...]:
+    """matched[r] = L[r, own prompt]; marginal[r] = logsumexp_j L[r, j] - log N."""
+    n = logprobs.shape[1]
+    matched = logprobs[np.arange(logprobs.shape[0]), row_prompt]
+    marginal = logsumexp(logprobs, axis=1) - np.log(n)
+    return matched, marginal
+
+
+def hit_probability(tied: np.ndarray, correct: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Chance that `slots` columns drawn at random from `tied` include one of `correct` of them.
+
+    1 - C(tied - correct, slots) / C(tied, slots); slots <= 0 gives 0, slots >= tied gives 1
+    (when any is correct).
+    This is SPEC's tie rule: for k = 1 it is correct / tied.
+    """
+    tied, correct, slots = np.broadcast_arrays(
+        np.asarray(tied, float), np.asarray(correct, float), np.asarray(slots, float)
+    )
+    safe_slots = np.clip(slots, 0, tied)
+    misses = tied - correct
+    possible = misses >= safe_slots
+    log_ratio = (
+        gammaln(misses + 1)
+        - gammaln(np.where(possible, misses - safe_slots, 0) + 1)
+        - gammaln(tied + 1)
+        + gammaln(tied - safe_slots + 1)
+    )
+    miss_all = np.where(possible, np.exp(np.where(possible, log_ratio, 0.0)), 0.0)
+    hit = 1.0 - miss_all
+    return np.where(slots <= 0, 0.0, np.where(slots >= tied, (correct > 0) * 1.0, hit))
+
+
+def correct_columns(row_prompt: np.ndarray, column_group: np.ndarray) -> np.ndarray:
+    """(M, N) mask of the columns that count as a correct retrieval for each row."""
+    return column_group[None, :] == column_group[row_prompt][:, None]
+
+
+def retrieval_scores(
+    logprobs: np.ndarray, row_prompt: np.ndarray, column_group: np.ndarray, k: int
+) -> np.ndarray:
+    """Per-row retrieval@k under SPEC's tie rule (expected hit under random tie-breaking)."""
+    correct = correct_columns(row_prompt, column_group)
+    best_correct = np.where(correct, logprobs, -np.inf).max(axis=1, keepdims=True)
+    strictly_better = (logprobs > best_correct).sum(axis=1)
+    tied = logprobs == best_correct
+    return hit_probability(
+        tied.sum(axis=1), (tied & correct).sum(axis=1), min(k, logprobs.shape[1]) - strictly_better
+    )
+
+
+def retrieval_chance(row_prompt: np.ndarray, column_group: np.ndarray, k: int) -> np.ndarray:
+    """Per-row retrieval@k of a guesser that ranks the N columns at random."""
+    n = column_group.shape[0]
+    correct = correct_columns(row_prompt, column_group).sum(axis=1)
+    return hit_probability(np.full(correct.shape, n), correct, np.full(correct.shape, min(k, n)))
+
+
+def _row_statistics(scores: CrossLogProbs) -> dict[str, np.ndarray]:
+    """Per-row quantities whose weighted means make up every row-level metric."""
+    matched_mean, marginal_mean = matched_and_marginal(scores.mean, scores.row_prompt)
+    matched_seq, marginal_seq = matched_and_marginal(scores.sum, scores.row_prompt)
+    rows = {
+        "matched_mean": matched_mean,
+        "marginal_mean": marginal_mean,
+        "matched_seq": matched_seq,
+        "marginal_seq": marginal_seq,
+    }
+    for k in (1, *RETRIEVAL_KS):
+        rows[f"hit@{k}"] = retrieval_scores(scores.sum, scores.row_prompt, scores.column_group, k)
+        rows[f"chance@{k}"] = retrieval_chance(scores.row_prompt, scores.column_group, k)
+    return rows
+
+
+def _suffix(k: int) -> str:
+    return "" if k == 1 else f"@{k}"
+
+
+def _metrics_from_weights(
+    rows: Mapping[str, np.ndarray],
+    counts: PromptCounts,
+    row_weights: np.ndarray,
+    prompt_weights: np.ndarray,
+    num_prompts: int,
+) -> dict[str, np.ndarray]:
+    """All mean-type metrics for each weighting (a row of `row_weights`/`prompt_weights`)."""
+    total = row_weights.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+
+        def wmean(x: np.ndarray) -> np.ndarray:
+            return (row_weights @ x) / total
+
+        def wstd(x: np.ndarray) -> np.ndarray:
+            return np.sqrt(np.maximum(wmean(x * x) - wmean(x) ** 2, 0.0))
+
+        out: dict[str, np.ndarray] = {}
+        for unit, tag in (("mean", ""), ("seq", "_seq")):
+            matched, marginal = rows[f"matched_{unit}"], rows[f"marginal_{unit}"]
+            mi = wmean(matched - marginal)
+            std = wstd(marginal)
+            out[f"mi{tag}_estimate"] = mi
+            out[f"conditional_entropy{tag}_est"] = -wmean(matched)
+            out[f"reasoning_entropy{tag}_est"] = -wmean(marginal)
+            out[f"marginal_std{tag}"] = std
+            out[f"mi_zscore{tag}"] = mi / (std + ZSCORE_EPS)
+        out["matched_log_prob_mean"] = wmean(rows["matched_mean"])
+        out["marginal_log_prob_mean"] = wmean(rows["marginal_mean"])
+        for k in (1, *RETRIEVAL_KS):
+            accuracy, chance = wmean(rows[f"hit@{k}"]), wmean(rows[f"chance@{k}"])
+            out[f"retrieval_accuracy{_suffix(k)}"] = accuracy
+            out[f"retrieval_above_chance{_suffix(k)}"] = accuracy - chance
+        chance = wmean(rows["chance@1"])
+        out["retrieval_skill"] = (out["retrieval_accuracy"] - chance) / (1.0 - chance)
+        out["normalized_mi"] = np.clip(out["mi_seq_estimate"] / np.log(num_prompts), 0.0, 1.0)
+        out["effective_traces_per_prompt"] = np.exp(out["conditional_entropy_seq_est"])
+
+        responses = prompt_weights @ counts.responses
+        out["valid_reasoning_rate"] = (prompt_weights @ counts.valid) / responses
+        out["truncated_rate"] = (prompt_weights @ counts.truncated) / responses
+        out["distinct_reasoning_rate"] = (prompt_weights @ counts.distinct_reasoning) / responses
+    return out
+
+
+def bootstrap_prompt_weights(num_prompts: int, resamples: int, seed: int) -> np.ndarray:
+    """(resamples, N) draw counts of each prompt: resampling prompts with replacement."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(num_prompts, np.full(num_prompts, 1.0 / num_prompts), size=resamples)
+
+
+def compute_metrics(
+    scores: CrossLogProbs,
+    counts: PromptCounts,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, MetricValue]:
+    """Every metric of SPEC "Metrics", mean-type ones with a 95% bootstrap interval.
+
+    The bootstrap resamples prompts with all their traces while the columns stay fixed
+    (SPEC "95% intervals"); it is seeded, so the same inputs give the same intervals.
+    """
+    n = scores.num_prompts
+    if n < 2:
+        raise ValueError(f"cross-scoring needs at least 2 prompts, got {n}")
+    rows = _row_statistics(scores)
+    point = _metrics_from_weights(
+        rows, counts, np.ones((1, len(scores.row_prompt))), np.ones((1, n)), n
+    )
+    prompt_w = bootstrap_prompt_weights(n, resamples, seed).astype(float)
+    boot = _metrics_from_weights(rows, counts, prompt_w[:, scores.row_prompt], prompt_w, n)
+
+    metrics: dict[str, MetricValue] = {"mi_upper_bound": float(np.log(n))}
+    for key, value in point.items():
+        low, high = np.nanpercentile(boot[key], [2.5, 97.5]) if resamples else (np.nan, np.nan)
+        metrics[key] = Estimate(float(value[0]), float(low), float(high))
+    for k in (1, *RETRIEVAL_KS):
+        metrics[f"retrieval_chance_level{_suffix(k)}"] = float(rows[f"chance@{k}"].mean())
+    apply_run_ema([metrics])
+    return metrics
+
+
+def apply_run_ema(run: list[dict[str, MetricValue]], decay: float = EMA_DECAY) -> None:
+    """SPEC `mi_zscore_ema`, `marginal_std_ema` (+ `_seq`): the std smoothed along a run.
+
+    The EMA starts at the first checkpoint's std and is updated in step order; a single
+    checkpoint is a run of one, whose EMA equals its own std.
+    """
+    for tag in ("", "_seq"):
+        ema = None
+        for metrics in run:
+            std = point_value(metrics[f"marginal_std{tag}"])
+            ema = std if ema is None else decay * ema + (1.0 - decay) * std
+            metrics[f"marginal_std_ema{tag}"] = ema
+            metrics[f"mi_zscore_ema{tag}"] = point_value(metrics[f"mi{tag}_estimate"]) / (
+                ema + ZSCORE_EPS
+            )
+
+
+def point_value(metric: MetricValue) -> float:
+    """The point value of a metric, with or without an interval."""
+    return metric.value if isinstance(metric, Estimate) else float(metric)

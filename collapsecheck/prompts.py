@@ -1,0 +1,142 @@
+"""Prompt sets in: JSONL (`{"prompt": ...}` or `{"messages": [...]}`) or plain text, and their
+rendering to token ids (SPEC "Inputs": chat messages through the chat template with the
+generation prompt added; plain strings verbatim).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+TEXT_FIELDS = ("prompt", "messages")
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as the user wrote it: a verbatim string or a list of chat messages."""
+
+    content: str | Messages
+    origin: str  # "FILE:LINE", for messages that name the line at fault
+
+    @property
+    def is_chat(self) -> bool:
+        return isinstance(self.content, list)
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    text: str
+    ids: tuple[int, ...]
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _decode_lines(path: Path) -> list[str]:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise CollapsecheckError(f"{path}:{line}: not valid UTF-8 text") from None
+    return text.splitlines()
+
+
+def _messages(value: Any, where: str) -> Messages:
+    if not isinstance(value, list) or not value:
+        raise CollapsecheckError(f"{where}: chat messages must be a non-empty list")
+    for message in value:
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise CollapsecheckError(
+                f"{where}: each chat message needs a string 'role' and a string 'content'"
+            )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _prompt_from_json(row: Any, field: str | None, where: str) -> str | Messages:
+    if not isinstance(row, dict):
+        raise CollapsecheckError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    fields = (field,) if field else TEXT_FIELDS
+    name = next((f for f in fields if f in row), None)
+    if name is None:
+        wanted = " or ".join(repr(f) for f in fields)
+        raise CollapsecheckError(f"{where}: no {wanted} field in this row")
+    value = row[name]
+    if isinstance(value, str):
+        if not value.strip():
+            raise CollapsecheckError(f"{where}: the {name!r} field is empty")
+        return value
+    return _messages(value, f"{where} ({name!r})")
+
+
+def _is_jsonl(path: Path, lines: list[str]) -> bool:
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return True
+    if path.suffix.lower() == ".txt":
+        return False
+    first = next((line.strip() for line in lines if line.strip()), "")
+    return first.startswith("{")
+
+
+def load_prompts(
+    path: str | Path, *, num_prompts: int | None = None, field: str | None = None
+) -> list[Prompt]:
+    """Read a prompt set; `num_prompts` keeps the first N. Blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise CollapsecheckError(f"prompt file not found: {path}")
+    lines = _decode_lines(path)
+    jsonl = _is_jsonl(path, lines)
+    prompts: list[Prompt] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        if jsonl:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CollapsecheckError(f"{where}: malformed JSON ({err.msg})") from None
+            content = _prompt_from_json(row, field, where)
+        else:
+            content = line
+        prompts.append(Prompt(content, where))
+        if num_prompts is not None and len(prompts) == num_prompts:
+            break
+    if not prompts:
+        raise CollapsecheckError(f"{path}: no prompts found (the file is empty or blank)")
+    return prompts
+
+
+def render_prompt(prompt: Prompt, tokenizer: Any, *, as_chat: bool = False) -> RenderedPrompt:
+    """Render one prompt to text and token ids with the checkpoint's tokenizer."""
+    content = prompt.content
+    if as_chat and isinstance(content, str):
+        content = [{"role": "user", "content": content}]
+    if isinstance(content, list):
+        if not getattr(tokenizer, "chat_template", None):
+            raise CollapsecheckError(
+                f"{prompt.origin}: the prompt is chat messages but the checkpoint's tokenizer "
+                "has no chat template; give plain-string prompts or a tokenizer with one"
+            )
+        text = tokenizer.apply_chat_template(content, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        text = content
+        ids = tokenizer(text)["input_ids"]
+    if not ids:
+        raise CollapsecheckError(f"{prompt.origin}: the prompt renders to no tokens")
+    return RenderedPrompt(text=text, ids=tuple(int(i) for i in ids))

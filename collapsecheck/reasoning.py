@@ -1,0 +1,171 @@
+"""Reasoning extraction (SPEC "The reasoning segment Z and its context X").
+
+Z is located in the decoded response text (tags, a regex, or the whole response) and mapped
+back to the *sampled token ids*: Z is the run of tokens that lie wholly inside the located
+character span, so it is never re-tokenized text. The tokens before Z (a `<think>` tag, say)
+belong to the conditioning context.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from collapsecheck.backends.base import Sample
+from collapsecheck.errors import CollapsecheckError
+
+Decode = Callable[[Sequence[int]], str]
+
+TAGS, REGEX, WHOLE = "tags", "regex", "whole"
+
+
+@dataclass(frozen=True)
+class ReasoningSpec:
+    """Which part of a response is the reasoning Z."""
+
+    mode: str = TAGS
+    open_tag: str = "<think>"
+    close_tag: str = "</think>"
+    regex: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in (TAGS, REGEX, WHOLE):
+            raise CollapsecheckError(f"unknown reasoning mode {self.mode!r}")
+        if self.mode == TAGS and not (self.open_tag and self.close_tag):
+            raise CollapsecheckError("--reasoning-tags needs two non-empty tags: OPEN,CLOSE")
+        if self.mode == REGEX:
+            try:
+                pattern = re.compile(self.regex or "")
+            except re.error as err:
+                raise CollapsecheckError(f"--reasoning-regex: invalid pattern ({err})") from None
+            if not self.regex or pattern.groups > 1:
+                raise CollapsecheckError(
+                    "--reasoning-regex needs a pattern with at most one capture group"
+                )
+
+    @classmethod
+    def from_tags(cls, tags: str) -> ReasoningSpec:
+        """Parse the CLI form `OPEN,CLOSE`."""
+        parts = tags.split(",")
+        if len(parts) != 2:
+            raise CollapsecheckError(f"--reasoning-tags expects OPEN,CLOSE, got {tags!r}")
+        return cls(TAGS, parts[0], parts[1])
+
+    def describe(self) -> str:
+        if self.mode == TAGS:
+            return f"between {self.open_tag!r} and {self.close_tag!r}"
+        if self.mode == REGEX:
+            return f"matched by the regex {self.regex!r}"
+        return "the whole response"
+
+    def to_dict(self) -> dict[str, str | None]:
+        if self.mode == TAGS:
+            return {"mode": TAGS, "open_tag": self.open_tag, "close_tag": self.close_tag}
+        if self.mode == REGEX:
+            return {"mode": REGEX, "regex": self.regex}
+        return {"mode": WHOLE}
+
+
+@dataclass(frozen=True)
+class ReasoningSpan:
+    """Z = response_ids[start:end]; the tokens before `start` are the response prefix."""
+
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+def _character_span(text: str, spec: ReasoningSpec, truncated: bool) -> tuple[int, int] | None:
+    if spec.mode == WHOLE:
+        return 0, len(text)
+    if spec.mode == REGEX:
+        match = re.search(spec.regex or "", text, flags=re.DOTALL)
+        if match is None:
+            return None
+        group = 1 if match.re.groups else 0
+        return (match.start(group), match.end(group)) if match.start(group) >= 0 else None
+    opened = text.find(spec.open_tag)
+    if opened < 0:
+        return None
+    start = opened + len(spec.open_tag)
+    closed = text.find(spec.close_tag, start)
+    if closed < 0:
+        # SPEC: a trace cut by the length limit keeps what it produced up to the limit.
+        return (start, len(text)) if truncated else None
+    return start, closed
+
+
+def _first_token_reaching(ids: Sequence[int], decode: Decode, chars: int) -> int:
+    """Smallest i such that the decoded text of ids[:i] is at least `chars` long."""
+    low, high = 0, len(ids)
+    while low < high:
+        middle = (low + high) // 2
+        if len(decode(ids[:middle])) >= chars:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def locate_reasoning(
+    ids: Sequence[int], decode: Decode, spec: ReasoningSpec, *, truncated: bool
+) -> ReasoningSpan | None:
+    """Token span of Z in a response, or None when it has no (or an empty) reasoning segment."""
+    text = decode(ids)
+    chars = _character_span(text, spec, truncated)
+    if chars is None:
+        return None
+    char_start, char_end = chars
+    start = _first_token_reaching(ids, decode, char_start)
+    if char_end >= len(text):
+        end = len(ids)
+    else:
+        end = _first_token_reaching(ids, decode, char_end + 1) - 1
+    if end <= start:
+        return None
+    return ReasoningSpan(start, end)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One sampled response with its reasoning segment located (span None: not scoreable)."""
+
+    prompt_index: int
+    sample_index: int
+    response_ids: tuple[int, ...]
+    response: str
+    truncated: bool
+    span: ReasoningSpan | None
+    reasoning: str
+
+    @property
+    def valid(self) -> bool:
+        return self.span is not None
+
+    @property
+    def prefix_ids(self) -> tuple[int, ...]:
+        return self.response_ids[: self.span.start] if self.span else ()
+
+    @property
+    def reasoning_ids(self) -> tuple[int, ...]:
+        return self.response_ids[self.span.start : self.span.end] if self.span else ()
+
+
+def extract_traces(
+    samples: Sequence[Sequence[Sample]], decode: Decode, spec: ReasoningSpec
+) -> list[Trace]:
+    """Traces in prompt-major order from the backend's samples, K per prompt."""
+    traces = []
+    for prompt_index, prompt_samples in enumerate(samples):
+        for sample_index, sample in enumerate(prompt_samples):
+            ids = sample.ids
+            span = locate_reasoning(ids, decode, spec, truncated=sample.truncated)
+            reasoning = decode(ids[span.start : span.end]) if span else ""
+            traces.append(
+                Trace(prompt_index, sample_index, ids, decode(ids), sample.truncated, span, reasoning)
+            )
+    return traces

@@ -1,0 +1,121 @@
+"""The report object of a scan, and report.json (SPEC "Dump format", report.json)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.metrics import Estimate, MetricValue, point_value
+from collapsecheck.verdict import Thresholds, Verdict
+
+REPORT_FORMAT = 1
+
+# The metrics shown in the terminal and in `Report.summary()`, in reading order.
+KEY_METRICS = (
+    "normalized_mi",
+    "retrieval_skill",
+    "retrieval_accuracy",
+    "mi_seq_estimate",
+    "mi_estimate",
+    "conditional_entropy_seq_est",
+    "effective_traces_per_prompt",
+    "distinct_reasoning_rate",
+    "valid_reasoning_rate",
+    "truncated_rate",
+)
+
+
+def _json_number(x: float) -> float | None:
+    """JSON has no NaN: an undefined number is written as null."""
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def metric_to_json(metric: MetricValue) -> Any:
+    if isinstance(metric, Estimate):
+        return {k: _json_number(v) for k, v in metric.to_dict().items()}
+    return _json_number(float(metric))
+
+
+def metric_from_json(raw: Any) -> MetricValue:
+    def number(x: Any) -> float:
+        return float("nan") if x is None else float(x)
+
+    if isinstance(raw, dict):
+        return Estimate(number(raw.get("value")), number(raw.get("low")), number(raw.get("high")))
+    return number(raw)
+
+
+@dataclass
+class Report:
+    """Everything a scan found: metrics with intervals, the verdict, and how it was run."""
+
+    metrics: dict[str, MetricValue]
+    verdict: Verdict
+    thresholds: Thresholds
+    settings: dict[str, Any]
+    counts: dict[str, int | float]
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    timing: dict[str, Any] = field(default_factory=dict)
+
+    def value(self, key: str) -> float:
+        """Point value of one metric."""
+        return point_value(self.metrics[key])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": REPORT_FORMAT,
+            "verdict": self.verdict.to_dict(),
+            "metrics": {k: metric_to_json(v) for k, v in self.metrics.items()},
+            "thresholds": vars(self.thresholds).copy(),
+            "counts": self.counts,
+            "settings": self.settings,
+            "examples": self.examples,
+            "timing": self.timing,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | Path) -> Path:
+        from collapsecheck.dump import write_text_atomic
+
+        return write_text_atomic(Path(path), self.to_json())
+
+    def to_frame(self) -> Any:
+        """One row per metric: value, low, high (NaN where a metric has no interval)."""
+        import pandas as pd
+
+        rows = []
+        for key, metric in self.metrics.items():
+            low, high = (metric.low, metric.high) if isinstance(metric, Estimate) else (math.nan,) * 2
+            rows.append({"metric": key, "value": point_value(metric), "low": low, "high": high})
+        return pd.DataFrame(rows).set_index("metric")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        verdict = data["verdict"]
+        return cls(
+            metrics={k: metric_from_json(v) for k, v in data["metrics"].items()},
+            verdict=Verdict(
+                verdict["regime"], verdict.get("style"), bool(verdict["partial"]), verdict["reason"]
+            ),
+            thresholds=Thresholds(**data.get("thresholds", {})),
+            settings=data.get("settings", {}),
+            counts=data.get("counts", {}),
+            examples=data.get("examples", []),
+            timing=data.get("timing", {}),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Report:
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise CollapsecheckError(f"report not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise CollapsecheckError(f"{path}: not a collapsecheck report.json ({err})") from None

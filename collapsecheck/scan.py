@@ -1,0 +1,202 @@
+"""The scan pipeline: prompts and checkpoint in, sampling, reasoning extraction, cross-scoring,
+metrics, verdict, report out. `scan()` is the Python API; the CLI is a thin layer over it.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.backends.base import (
+    DEFAULT_BATCH_TOKENS,
+    Backend,
+    Progress,
+    SamplingParams,
+    no_progress,
+)
+from collapsecheck.cross_scoring import column_groups, cross_score, request_count
+from collapsecheck.dump import REPORT_FILE, write_matrix, write_samples
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.metrics import DEFAULT_RESAMPLES, compute_metrics, count_per_prompt
+from collapsecheck.prompts import RenderedPrompt, file_sha256, load_prompts, render_prompt
+from collapsecheck.reasoning import ReasoningSpec, Trace, extract_traces
+from collapsecheck.report import Report
+from collapsecheck.verdict import Thresholds, decide
+
+# Called once per stage with a description and the number of work units; returns the
+# callback that advances the stage. The CLI turns it into rich progress bars.
+ProgressHook = Callable[[str, int], Progress]
+
+
+def silent(_: str, __: int) -> Progress:
+    return no_progress
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import torch
+    import transformers
+
+    from collapsecheck import __version__
+
+    return {
+        "collapsecheck": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+    }
+
+
+def example_traces(
+    traces: Sequence[Trace], rendered: Sequence[RenderedPrompt], groups: Any, count: int = 2
+) -> list[dict[str, Any]]:
+    """The first valid trace of `count` different prompts, to show a template by eye."""
+    seen: set[int] = set()
+    examples = []
+    for trace in traces:
+        group = int(groups[trace.prompt_index])
+        if trace.valid and group not in seen:
+            seen.add(group)
+            examples.append(
+                {
+                    "prompt_index": trace.prompt_index,
+                    "prompt": rendered[trace.prompt_index].text,
+                    "reasoning": trace.reasoning,
+                }
+            )
+        if len(examples) == count:
+            break
+    return examples
+
+
+def _no_reasoning_error(spec: ReasoningSpec, responses: int) -> CollapsecheckError:
+    return CollapsecheckError(
+        f"no response had a reasoning segment {spec.describe()} (0 of {responses}); "
+        "pick another segment with --reasoning-tags OPEN,CLOSE, --reasoning-regex or "
+        "--whole-response"
+    )
+
+
+def scan(
+    checkpoint: str | Path,
+    prompts: str | Path,
+    *,
+    k: int = 8,
+    num_prompts: int | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    reasoning: ReasoningSpec | None = None,
+    thresholds: Thresholds | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    scorer: str = "cached",
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    as_chat: bool = False,
+    prompt_field: str | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    dump: str | Path | None = None,
+    progress: ProgressHook = silent,
+    backend: Backend | None = None,
+) -> Report:
+    """Diagnose one checkpoint on one prompt set; see SPEC.md for every number it returns.
+
+    `backend` lets a caller pass an already loaded model (for example inside a training
+    loop); otherwise the checkpoint directory is loaded with transformers.
+    """
+    started = time.perf_counter()
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    params = SamplingParams(k, temperature, top_p, max_new_tokens, seed)
+    spec = reasoning or ReasoningSpec()
+    thresholds = thresholds or Thresholds()
+    if num_prompts is not None and num_prompts < 2:
+        raise CollapsecheckError(f"--num-prompts must be at least 2, got {num_prompts}")
+    prompt_path = Path(prompts)
+    prompt_list = load_prompts(prompt_path, num_prompts=num_prompts, field=prompt_field)
+    if len(prompt_list) < 2:
+        raise CollapsecheckError(
+            f"{prompt_path}: cross-scoring needs at least 2 prompts, found {len(prompt_list)}"
+        )
+    if backend is None:
+        from collapsecheck.backends.hf import TransformersBackend
+
+        backend = TransformersBackend.from_checkpoint(
+            checkpoint, device=device, dtype=dtype, scorer=scorer, batch_tokens=batch_tokens
+        )
+    rendered = [render_prompt(p, backend.tokenizer, as_chat=as_chat) for p in prompt_list]
+    prompt_ids = [r.ids for r in rendered]
+    groups = column_groups(prompt_ids)
+    if len(set(groups.tolist())) < 2:
+        raise CollapsecheckError(f"{prompt_path}: all prompts render to the same tokens")
+
+    loaded = time.perf_counter()
+    samples = backend.generate(prompt_ids, params, progress("sampling", len(rendered)))
+    traces = extract_traces(samples, backend.decode, spec)
+    sampled = time.perf_counter()
+    dump_dir = Path(dump) if dump is not None else None
+    if dump_dir is not None:
+        write_samples(dump_dir, rendered, traces)
+    if not any(t.valid for t in traces):
+        raise _no_reasoning_error(spec, len(traces))
+
+    total = request_count(traces, prompt_ids)
+    scores = cross_score(backend, traces, prompt_ids, progress("scoring", total))
+    scored = time.perf_counter()
+    if dump_dir is not None:
+        write_matrix(dump_dir, scores)
+    counts = count_per_prompt(
+        len(rendered),
+        [t.prompt_index for t in traces],
+        [t.valid for t in traces],
+        [t.truncated for t in traces],
+        [t.reasoning for t in traces],
+    )
+    try:
+        metrics = compute_metrics(scores.matrix, counts, resamples=resamples, seed=seed)
+    except ValueError as err:
+        raise CollapsecheckError(
+            f"{checkpoint}: no verdict: {err} (check the weights and --dtype)"
+        ) from None
+    report = Report(
+        metrics=metrics,
+        verdict=decide(metrics, thresholds),
+        thresholds=thresholds,
+        settings={
+            "checkpoint": str(checkpoint),
+            "prompts": str(prompt_path),
+            "prompts_sha256": file_sha256(prompt_path),
+            "num_prompts": len(rendered),
+            "samples_per_prompt": params.k,
+            "sampling": params.to_dict(),
+            "reasoning": spec.to_dict(),
+            "as_chat": as_chat,
+            "bootstrap_resamples": resamples,
+            **backend.describe(),
+            "versions": versions(),
+        },
+        counts={
+            "prompts": len(rendered),
+            "distinct_prompts": len(set(groups.tolist())),
+            "responses": len(traces),
+            "scored_traces": int(len(scores.row_trace_index)),
+            "truncated_responses": sum(t.truncated for t in traces),
+            "reasoning_tokens_mean": float(scores.reasoning_tokens.mean()),
+        },
+        examples=example_traces(traces, rendered, groups),
+        timing={
+            "started_at": started_at,
+            "load_s": round(loaded - started, 3),
+            "sampling_s": round(sampled - loaded, 3),
+            "scoring_s": round(scored - sampled, 3),
+            "total_s": round(time.perf_counter() - started, 3),
+        },
+    )
+    if dump_dir is not None:
+        report.save(dump_dir / REPORT_FILE)
+    return report

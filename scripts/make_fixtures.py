@@ -1,0 +1,238 @@
+"""Train the demo checkpoints of known regimes (`make fixtures`). Tests never run this.
+
+The task, "gridworld": the prompt holds a puzzle state (the agent's and the goal's cells on
+a 6x6 grid); the response is `<think>reasoning</think><answer>move</answer>`. Each demo
+checkpoint is a tiny Llama-style causal LM trained on responses whose *reasoning* follows
+one policy of known regime:
+
+- grounded, diverse: one of several phrasings restating the state, any useful move;
+- grounded, compressed: one terse, deterministic restatement of the state;
+- template: filler words drawn at random, the same distribution whatever the state;
+- echo: one fixed sentence, whatever the state (low-entropy collapse).
+
+The demo run (`examples/demo-run/global_step_N/`) fine-tunes the grounded model step by step
+towards templated reasoning (template share 0, 0.15, 0.5, 0.85, 1.0): the reasoning degrades
+from grounded to template collapse. Everything is seeded; the run takes a few minutes on 2
+CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+GRID = 6
+SYSTEM = "grid agent."
+MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+FILLER = (
+    "ok let me think about this step by step and plan the best move now carefully "
+    "then check again before i act here"
+).split()
+ECHO = "i will just move up now"
+SPECIAL = ["<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 ,.:;>-'?!\n")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+# (directory, template share of the reasoning, style of the grounded part, training steps)
+RUN = [
+    ("demo-run/global_step_100", 0.0, "diverse", 0),
+    ("demo-run/global_step_200", 0.15, "diverse", 300),
+    ("demo-run/global_step_300", 0.5, "diverse", 300),
+    ("demo-run/global_step_400", 0.85, "diverse", 300),
+    ("demo-run/global_step_500", 1.0, "diverse", 300),
+]
+SIDE = [
+    ("checkpoints/grounded-compressed", 0.0, "compressed", 500),
+    ("checkpoints/low-entropy-collapse", 1.0, "echo", 400),
+]
+
+
+def cell(rc: tuple[int, int]) -> str:
+    return f"{rc[0]},{rc[1]}"
+
+
+def useful_moves(agent: tuple[int, int], goal: tuple[int, int]) -> list[str]:
+    moves = []
+    if goal[0] < agent[0]:
+        moves.append("up")
+    if goal[0] > agent[0]:
+        moves.append("down")
+    if goal[1] < agent[1]:
+        moves.append("left")
+    if goal[1] > agent[1]:
+        moves.append("right")
+    return moves
+
+
+def random_state(rng: random.Random) -> tuple[tuple[int, int], tuple[int, int]]:
+    while True:
+        agent = (rng.randrange(GRID), rng.randrange(GRID))
+        goal = (rng.randrange(GRID), rng.randrange(GRID))
+        if agent != goal:
+            return agent, goal
+
+
+def user_message(agent: tuple[int, int], goal: tuple[int, int]) -> str:
+    return f"agent {cell(agent)} goal {cell(goal)}"
+
+
+def grounded_reasoning(agent, goal, move, rng: random.Random) -> str:
+    a, g = cell(agent), cell(goal)
+    return rng.choice(
+        [
+            f"me {a} goal {g}, so {move}",
+            f"goal {g} vs me {a}: {move}",
+            f"from {a} to {g}: {move}",
+            f"{g} is the goal; {a} is me; {move}",
+        ]
+    )
+
+
+def reasoning_and_move(agent, goal, template_share: float, style: str, rng: random.Random):
+    moves = useful_moves(agent, goal)
+    if style == "echo":
+        return ECHO, "up"
+    if rng.random() < template_share:
+        return " ".join(rng.sample(FILLER, 4)), rng.choice(moves)
+    if style == "compressed":
+        return f"{cell(agent)}>{cell(goal)} {moves[0]}", moves[0]
+    move = rng.choice(moves)
+    return grounded_reasoning(agent, goal, move, rng), move
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate(SPECIAL + ["<unk>"] + CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|end|>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=96,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def example(tokenizer, agent, goal, template_share, style, rng) -> tuple[list[int], int]:
+    """Token ids of one training conversation, and where the response starts."""
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": user_message(agent, goal)},
+    ]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    reasoning, move = reasoning_and_move(agent, goal, template_share, style, rng)
+    response = f"<think>{reasoning}</think><answer>{move}</answer><|end|>"
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+    return prompt_ids + response_ids, len(prompt_ids)
+
+
+def train(model, tokenizer, template_share, style, steps, seed, batch=32, lr=3e-3) -> None:
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)
+    model.train()
+    for step in range(steps):
+        rows = [
+            example(tokenizer, *random_state(rng), template_share, style, rng) for _ in range(batch)
+        ]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((batch, width), tokenizer.pad_token_id)
+        labels = torch.full((batch, width), -100)
+        for i, (row, start) in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            labels[i, start : len(row)] = torch.tensor(row[start:])
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"  step {step:5d} loss {loss.item():.4f}", flush=True)
+    model.eval()
+
+
+def save(model, tokenizer, directory: Path) -> None:
+    if directory.exists():
+        shutil.rmtree(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    model.generation_config.save_pretrained(directory)
+
+
+def write_prompts(path: Path, count: int, seed: int) -> None:
+    """A prompt set of distinct states, as chat messages (JSONL)."""
+    rng = random.Random(seed)
+    states: list = []
+    while len(states) < count:
+        state = random_state(rng)
+        if state not in states:
+            states.append(state)
+    with path.open("w") as stream:
+        for agent, goal in states:
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": user_message(agent, goal)},
+            ]
+            stream.write(json.dumps({"messages": messages}) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-steps", type=int, default=1500)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    tokenizer = build_tokenizer()
+    (EXAMPLES / "prompts").mkdir(parents=True, exist_ok=True)
+    write_prompts(EXAMPLES / "prompts" / "gridworld.jsonl", 32, seed=1234)
+
+    print("grounded base (global_step_100)", flush=True)
+    model = build_model(tokenizer)
+    train(model, tokenizer, 0.0, "diverse", args.base_steps, seed=1)
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    for index, (name, share, style, steps) in enumerate(RUN):
+        if steps:
+            print(f"{name}: template share {share}", flush=True)
+            train(model, tokenizer, share, style, steps, seed=10 + index, lr=1e-3)
+        save(model, tokenizer, EXAMPLES / name)
+    for index, (name, share, style, steps) in enumerate(SIDE):
+        print(f"{name}: {style}", flush=True)
+        model.load_state_dict(base_state)
+        train(model, tokenizer, share, style, steps, seed=100 + index, lr=1e-3)
+        save(model, tokenizer, EXAMPLES / name)
+
+
+if __name__ == "__main__":
+    main()

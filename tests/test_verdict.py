@@ -1,0 +1,71 @@
+"""The verdict (SPEC "The verdict") on hand-made metric values."""
+
+import pytest
+
+from collapsecheck.metrics import Estimate
+from collapsecheck.verdict import Thresholds, decide
+
+
+def metrics(skill, nmi, entropy, width=0.0):
+    def est(v):
+        return Estimate(v, v - width, v + width)
+
+    return {
+        "retrieval_skill": est(skill),
+        "normalized_mi": est(nmi),
+        "conditional_entropy_seq_est": est(entropy),
+        "effective_traces_per_prompt": est(2.718281828**entropy),
+        "retrieval_accuracy": est(skill),
+        "retrieval_chance_level": 0.1,
+    }
+
+
+@pytest.mark.parametrize(
+    ("skill", "nmi", "entropy", "regime", "style", "partial"),
+    [
+        (0.95, 0.9, 3.0, "grounded", "diverse", False),
+        (0.95, 0.9, 0.2, "grounded", "compressed", False),
+        (0.05, 0.02, 9.0, "template_collapse", None, False),
+        (0.05, 0.02, 0.1, "low_entropy_collapse", None, False),
+        (0.5, 0.45, 6.0, "template_collapse", None, True),
+        (0.9, 0.5, 6.0, "template_collapse", None, True),
+        (0.5, 0.45, 0.3, "low_entropy_collapse", None, True),
+    ],
+)
+def test_regimes(skill, nmi, entropy, regime, style, partial):
+    verdict = decide(metrics(skill, nmi, entropy))
+    assert (verdict.regime, verdict.style, verdict.partial) == (regime, style, partial)
+
+
+def test_thresholds_are_inclusive_as_specified():
+    assert decide(metrics(0.7, 0.7, 2.0)).regime == "grounded"
+    collapsed = decide(metrics(0.3, 0.3, 2.0))
+    assert (collapsed.regime, collapsed.partial) == ("template_collapse", False)
+
+
+def test_interval_straddling_the_high_threshold_is_inconclusive():
+    verdict = decide(metrics(0.75, 0.8, 3.0, width=0.1))
+    assert verdict.regime == "inconclusive"
+    assert "raise the number of prompts" in verdict.reason
+    assert "retrieval_skill interval [0.65, 0.85] straddles 0.7" in verdict.reason
+
+
+def test_entropy_straddle_flips_collapse_kind_so_inconclusive():
+    assert decide(metrics(0.05, 0.05, 1.0, width=0.2)).regime == "inconclusive"
+    # for a grounded policy it only changes the style, not the regime
+    grounded = decide(metrics(0.95, 0.95, 1.0, width=0.2))
+    assert (grounded.regime, grounded.style) == ("grounded", "diverse")
+
+
+def test_reason_names_the_numbers():
+    reason = decide(metrics(0.12, 0.03, 14.2)).reason
+    assert "retrieval 0.12 vs chance 0.10, normalized MI 0.03" in reason
+    assert "does not depend on the input" in reason
+    assert "entropy 14.2 nats/trace" in reason
+
+
+def test_custom_thresholds():
+    loose = Thresholds(dependence_high=0.4, dependence_collapsed=0.1, entropy_low=0.5)
+    assert decide(metrics(0.5, 0.45, 0.8), loose).regime == "grounded"
+    with pytest.raises(ValueError):
+        Thresholds(dependence_high=0.2, dependence_collapsed=0.5)

@@ -45,9 +45,18 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0]
 
 
+def quiet_transformers() -> None:
+    """No progress bars or advisory warnings from transformers on the user's terminal."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
 def load_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
+    quiet_transformers()
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as err:  # transformers raises many types for a bad tokenizer
@@ -83,6 +92,7 @@ def resolve_dtype(dtype: str, device: str) -> Any:
 def load_model(path: Path, device: str, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, local_files_only=True, trust_remote_code=False

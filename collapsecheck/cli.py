@@ -59,8 +59,15 @@ def parse_fail_on(value: str) -> set[str]:
 
 
 def reasoning_spec(tags: str | None, regex: str | None, whole: bool) -> ReasoningSpec:
-    chosen = [name for name, given in (("--reasoning-tags", tags), ("--reasoning-regex", regex),
-                                       ("--whole-response", whole)) if given]
+    chosen = [
+        name
+        for name, given in (
+            ("--reasoning-tags", tags),
+            ("--reasoning-regex", regex),
+            ("--whole-response", whole),
+        )
+        if given
+    ]
     if len(chosen) > 1:
         raise CollapsecheckError(f"choose one of {' and '.join(chosen)}, not both")
     if tags:
@@ -119,7 +126,9 @@ def scan(
         str, typer.Option(help="Regimes that exit with code 1, comma-separated, or none.")
     ] = ",".join(COLLAPSES),
     json_path: Annotated[Path | None, typer.Option("--json", help="Write report.json.")] = None,
-    dump: Annotated[Path | None, typer.Option(help="Write the SPEC dump to this directory.")] = None,
+    dump: Annotated[
+        Path | None, typer.Option(help="Write the SPEC dump to this directory.")
+    ] = None,
 ) -> None:
     """Sample, cross-score and diagnose one checkpoint."""
     from collapsecheck.console import print_report, progress_bars

@@ -42,7 +42,7 @@ def progress_bars(console: Console) -> Iterator[ProgressHook]:
     )
     with Progress(*columns, console=console, transient=False) as bars:
 
-        def start(stage: str, total: int):  # noqa: ANN202 - returns the advance callback
+        def start(stage: str, total: int):
             task = bars.add_task(stage, total=total)
             return lambda n: bars.advance(task, n)
 

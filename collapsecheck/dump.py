@@ -15,8 +15,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from collapsecheck.cross_scoring import CrossScores
+from collapsecheck.cross_scoring import CrossScores, column_groups
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.metrics import CrossLogProbs, PromptCounts, count_per_prompt
 from collapsecheck.prompts import RenderedPrompt
 from collapsecheck.reasoning import Trace
 
@@ -72,7 +73,9 @@ def trace_rows(traces: Sequence[Trace]) -> list[dict[str, Any]]:
     ]
 
 
-def write_samples(directory: Path, rendered: Sequence[RenderedPrompt], traces: Sequence[Trace]) -> None:
+def write_samples(
+    directory: Path, rendered: Sequence[RenderedPrompt], traces: Sequence[Trace]
+) -> None:
     """prompts.jsonl and traces.jsonl: written as soon as sampling ends."""
     write_jsonl_atomic(directory / PROMPTS_FILE, prompt_rows(rendered))
     write_jsonl_atomic(directory / TRACES_FILE, trace_rows(traces))
@@ -90,3 +93,48 @@ def write_matrix(directory: Path, scores: CrossScores) -> None:
         )
 
     _write_atomic(directory / MATRIX_FILE, "wb", save)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise CollapsecheckError(f"{path}: missing from the dump directory") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise CollapsecheckError(f"{path}:{number}: malformed JSON ({err.msg})") from None
+    return rows
+
+
+def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
+    """The matrix and per-prompt counts of a dump: what `compute_metrics` needs to redo the
+    analysis."""
+    directory = Path(directory)
+    prompts = _read_jsonl(directory / PROMPTS_FILE)
+    traces = _read_jsonl(directory / TRACES_FILE)
+    try:
+        with np.load(directory / MATRIX_FILE) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        matrix = CrossLogProbs(
+            sum=arrays["sum"],
+            mean=arrays["mean"],
+            row_prompt=arrays["row_prompt_index"],
+            column_group=column_groups([row["ids"] for row in prompts]),
+        )
+        counts = count_per_prompt(
+            len(prompts),
+            [row["prompt_index"] for row in traces],
+            [row["valid"] for row in traces],
+            [row["truncated"] for row in traces],
+            [row["reasoning"] for row in traces],
+        )
+    except FileNotFoundError:
+        raise CollapsecheckError(f"{directory / MATRIX_FILE}: missing from the dump") from None
+    except (KeyError, ValueError, OSError) as err:
+        raise CollapsecheckError(
+            f"{directory}: not a complete collapsecheck dump ({err})"
+        ) from None
+    return matrix, counts

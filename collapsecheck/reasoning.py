@@ -166,6 +166,8 @@ def extract_traces(
             span = locate_reasoning(ids, decode, spec, truncated=sample.truncated)
             reasoning = decode(ids[span.start : span.end]) if span else ""
             traces.append(
-                Trace(prompt_index, sample_index, ids, decode(ids), sample.truncated, span, reasoning)
+                Trace(
+                    prompt_index, sample_index, ids, decode(ids), sample.truncated, span, reasoning
+                )
             )
     return traces

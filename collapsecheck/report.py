@@ -91,7 +91,9 @@ class Report:
 
         rows = []
         for key, metric in self.metrics.items():
-            low, high = (metric.low, metric.high) if isinstance(metric, Estimate) else (math.nan,) * 2
+            low, high = (
+                (metric.low, metric.high) if isinstance(metric, Estimate) else (math.nan,) * 2
+            )
             rows.append({"metric": key, "value": point_value(metric), "low": low, "high": high})
         return pd.DataFrame(rows).set_index("metric")
 

@@ -184,7 +184,7 @@ def scan(
             "prompts": len(rendered),
             "distinct_prompts": len(set(groups.tolist())),
             "responses": len(traces),
-            "scored_traces": int(len(scores.row_trace_index)),
+            "scored_traces": len(scores.row_trace_index),
             "truncated_responses": sum(t.truncated for t in traces),
             "reasoning_tokens_mean": float(scores.reasoning_tokens.mean()),
         },

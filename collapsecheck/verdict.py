@@ -89,7 +89,9 @@ def _diversity_phrase(metrics: Mapping[str, MetricValue], low: bool, grounded: b
         meaning = "compressed, near-deterministic reasoning" if grounded else "it barely varies"
     else:
         meaning = "diverse reasoning" if grounded else "it still looks varied"
-    return f"entropy {entropy:.1f} nats/trace ({effective:.1f} effective traces per prompt): {meaning}"
+    return (
+        f"entropy {entropy:.1f} nats/trace ({effective:.1f} effective traces per prompt): {meaning}"
+    )
 
 
 def _straddle_phrase(name: str, metric: MetricValue, threshold: float) -> str:
@@ -133,10 +135,7 @@ def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = N
         )
 
     grounded = level == "high"
-    if grounded:
-        regime = GROUNDED
-    else:
-        regime = LOW_ENTROPY_COLLAPSE if low_entropy else TEMPLATE_COLLAPSE
+    regime = GROUNDED if grounded else LOW_ENTROPY_COLLAPSE if low_entropy else TEMPLATE_COLLAPSE
     return Verdict(
         regime=regime,
         style=("compressed" if low_entropy else "diverse") if grounded else None,

@@ -32,11 +32,31 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 GRID = 6
 SYSTEM = "grid agent."
-MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
-FILLER = (
-    "ok let me think about this step by step and plan the best move now carefully "
-    "then check again before i act here"
-).split()
+FILLER = [
+    "ok",
+    "let",
+    "me",
+    "think",
+    "about",
+    "this",
+    "step",
+    "by",
+    "step",
+    "and",
+    "plan",
+    "the",
+    "best",
+    "move",
+    "now",
+    "carefully",
+    "then",
+    "check",
+    "again",
+    "before",
+    "i",
+    "act",
+    "here",
+]
 ECHO = "i will just move up now"
 SPECIAL = ["<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
@@ -114,7 +134,7 @@ def reasoning_and_move(agent, goal, template_share: float, style: str, rng: rand
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(SPECIAL + ["<unk>"] + CHARS)}
+    vocab = {token: i for i, token in enumerate([*SPECIAL, "<unk>", *CHARS])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()

@@ -91,7 +91,9 @@ class TransformersBackend:
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
     ) -> None:
         if scorer not in SCORERS:
-            raise CollapsecheckError(f"--scorer must be one of {', '.join(SCORERS)}, got {scorer!r}")
+            raise CollapsecheckError(
+                f"--scorer must be one of {', '.join(SCORERS)}, got {scorer!r}"
+            )
         if batch_tokens < 1:
             raise CollapsecheckError(f"--batch-tokens must be at least 1, got {batch_tokens}")
         self.model = model

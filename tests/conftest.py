@@ -1,0 +1,52 @@
+"""Shared fixtures: the shipped demo checkpoints and random-initialised tiny models."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+PROMPTS = EXAMPLES / "prompts" / "gridworld.jsonl"
+RUN = EXAMPLES / "demo-run"
+HEALTHY = RUN / "global_step_100"
+COLLAPSED = RUN / "global_step_500"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def tiny_model(kind: str, vocab_size: int, seed: int = 0):
+    """A random-initialised causal LM of two different architectures."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    if kind == "gpt2":
+        config = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=512)
+        return GPT2LMHeadModel(config).eval()
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(HEALTHY, local_files_only=True)
+
+
+@pytest.fixture(scope="session", params=["llama", "gpt2"])
+def random_checkpoint(request, tmp_path_factory, demo_tokenizer):
+    """A random-initialised checkpoint directory (weights, config, the demo tokenizer)."""
+    path = tmp_path_factory.mktemp(f"random-{request.param}")
+    model = tiny_model(request.param, len(demo_tokenizer))
+    model.generation_config.eos_token_id = demo_tokenizer.eos_token_id
+    model.save_pretrained(path)
+    demo_tokenizer.save_pretrained(path)
+    return path

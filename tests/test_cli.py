@@ -1,0 +1,151 @@
+"""The command line: exit codes, --json, --dump, and one clear line for each bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from collapsecheck.cli import app
+from collapsecheck.dump import read_dump
+from collapsecheck.metrics import compute_metrics
+from collapsecheck.report import Report, metric_to_json
+from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
+
+FAST = ["-p", str(PROMPTS), "-n", "6", "-k", "4", "--max-new-tokens", "64", "--device", "cpu"]
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, ["scan", *map(str, args)])
+
+
+def test_healthy_checkpoint_exits_zero_and_writes_json(tmp_path):
+    result = run(HEALTHY, *FAST, "--json", tmp_path / "report.json")
+    assert result.exit_code == 0, result.output
+    assert "verdict: grounded" in result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"]["regime"] == "grounded"
+    assert set(report["verdict"]) == {"regime", "style", "partial", "reason"}
+    assert set(report["metrics"]["normalized_mi"]) == {"value", "low", "high"}
+    assert report["settings"]["samples_per_prompt"] == 4
+    assert len(report["settings"]["prompts_sha256"]) == 64
+
+
+def test_collapse_fails_the_gate_unless_told_not_to():
+    failing = run(COLLAPSED, *FAST)
+    assert failing.exit_code == 1, failing.output
+    assert "template_collapse" in failing.output
+    # the template is shown: reasoning of two different prompts
+    assert failing.output.count("prompt ") >= 2
+    assert run(COLLAPSED, *FAST, "--fail-on", "none").exit_code == 0
+    assert run(HEALTHY, *FAST, "--fail-on", "grounded").exit_code == 1
+
+
+def test_dump_round_trip_reproduces_the_report(tmp_path):
+    dump = tmp_path / "dump"
+    assert run(HEALTHY, *FAST, "--dump", dump, "--bootstrap", "200").exit_code == 0
+    assert sorted(p.name for p in dump.iterdir()) == [
+        "cross_logprobs.npz",
+        "prompts.jsonl",
+        "report.json",
+        "traces.jsonl",
+    ]
+    report = Report.load(dump / "report.json")
+    matrix, counts = read_dump(dump)
+    again = compute_metrics(matrix, counts, resamples=200, seed=0)
+    assert {k: metric_to_json(v) for k, v in again.items()} == {
+        k: metric_to_json(v) for k, v in report.metrics.items()
+    }
+    traces = [json.loads(line) for line in (dump / "traces.jsonl").read_text().splitlines()]
+    assert len(traces) == 24
+    with np.load(dump / "cross_logprobs.npz") as npz:
+        assert npz["sum"].shape == (sum(t["valid"] for t in traces), 6)
+        for row, trace_index in enumerate(npz["row_trace_index"]):
+            assert len(traces[trace_index]["reasoning_ids"]) == npz["reasoning_tokens"][row]
+
+
+def test_same_command_twice_gives_the_same_report(tmp_path):
+    for name in ("a.json", "b.json"):
+        assert run(HEALTHY, *FAST, "--json", tmp_path / name).exit_code == 0
+    first, second = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    first.pop("timing"), second.pop("timing")
+    assert first == second
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    shutil.copy(HEALTHY / "config.json", no_weights)
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(HEALTHY, corrupt)
+    (corrupt / "model.safetensors").write_bytes(b"\x00garbage" * 64)
+    malformed = tmp_path / "malformed.jsonl"
+    malformed.write_text('{"prompt": "a"}\n{"prompt": "b"\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    one = tmp_path / "one.txt"
+    one.write_text("agent 1,1 goal 2,2\n")
+    return {
+        "missing": (tmp_path / "nope", PROMPTS, [], "checkpoint not found"),
+        "no weights": (no_weights, PROMPTS, [], "no model weights found"),
+        "corrupt": (corrupt, PROMPTS, [], "model.safetensors: could not load the model weights"),
+        "malformed": (HEALTHY, malformed, [], "malformed.jsonl:2: malformed JSON"),
+        "empty": (HEALTHY, empty, [], "no prompts found"),
+        "one prompt": (HEALTHY, one, [], "needs at least 2 prompts"),
+        "k=0": (HEALTHY, PROMPTS, ["-k", "0"], "-k/--samples must be at least 1"),
+        "no tag": (
+            HEALTHY,
+            PROMPTS,
+            ["--reasoning-tags", "<plan>,</plan>"],
+            "no response had a reasoning segment between '<plan>' and '</plan>'",
+        ),
+        "fail-on": (HEALTHY, PROMPTS, ["--fail-on", "nonsense"], "--fail-on: unknown regime"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "no weights",
+        "corrupt",
+        "malformed",
+        "empty",
+        "one prompt",
+        "k=0",
+        "no tag",
+        "fail-on",
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_two(bad_inputs, case):
+    checkpoint, prompts, extra, message = bad_inputs[case]
+    args = ["-n", "4", "-k", "2", "--max-new-tokens", "32", "--device", "cpu", *extra]
+    result = runner.invoke(app, ["scan", str(checkpoint), "-p", str(prompts), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+    error_lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1
+
+
+def test_installed_command_reports_errors_without_traceback(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "collapsecheck",
+        "scan",
+        str(tmp_path / "nope"),
+        "-p",
+        str(PROMPTS),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: checkpoint not found: {tmp_path / 'nope'}"
+    ]
+    assert result.stdout == ""

@@ -13,8 +13,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from collapsecheck.backends.base import DEFAULT_BATCH_TOKENS
+from collapsecheck.backends.base import DEFAULT_BATCH_TOKENS, DEFAULT_SAMPLE_ROWS
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import DEFAULT_RESAMPLES
 from collapsecheck.reasoning import REGEX, WHOLE, ReasoningSpec
@@ -38,7 +39,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except CollapsecheckError as error:
-        err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from None
     except KeyboardInterrupt:
         err.print("[bold red]interrupted[/]")
@@ -112,6 +113,9 @@ def scan(
     batch_tokens: Annotated[
         int, typer.Option(help="Tokens per scoring batch (batch size x length).")
     ] = DEFAULT_BATCH_TOKENS,
+    sample_batch: Annotated[
+        int, typer.Option(help="Sequences decoded together while sampling.")
+    ] = DEFAULT_SAMPLE_ROWS,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples.")] = DEFAULT_RESAMPLES,
     dependence_high: Annotated[
         float, typer.Option(help="Input dependence is high at or above this.")
@@ -159,6 +163,7 @@ def scan(
                 dtype=dtype,
                 scorer=scorer,
                 batch_tokens=batch_tokens,
+                sample_rows=sample_batch,
                 as_chat=as_chat,
                 prompt_field=prompt_field,
                 resamples=bootstrap,

@@ -27,6 +27,7 @@ from collapsecheck.verdict import GROUNDED, INCONCLUSIVE
 REGIME_STYLES = {GROUNDED: "bold green", INCONCLUSIVE: "bold yellow"}
 COLLAPSE_STYLE = "bold red"
 EXAMPLE_CHARS = 400
+EXAMPLE_TITLE = 70
 
 
 @contextmanager
@@ -50,7 +51,9 @@ def progress_bars(console: Console) -> Iterator[ProgressHook]:
 
 
 def _format(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.3f}"
+    if math.isnan(x):
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
 
 
 def metrics_table(report: Report) -> Table:
@@ -99,7 +102,6 @@ def print_report(console: Console, report: Report) -> None:
     if report.verdict.is_collapse:
         console.print("Reasoning sampled for two different prompts; do they differ?")
         for example in report.examples:
-            reasoning = example["reasoning"][:EXAMPLE_CHARS]
-            console.print(
-                Panel(reasoning, title=f"prompt {example['prompt_index']}", title_align="left")
-            )
+            title = Text(f"prompt {example['prompt_index']}: {example['prompt']}"[:EXAMPLE_TITLE])
+            reasoning = Text(example["reasoning"][:EXAMPLE_CHARS])
+            console.print(Panel(reasoning, title=title, title_align="left"))

@@ -13,6 +13,7 @@ from typing import Any
 
 from collapsecheck.backends.base import (
     DEFAULT_BATCH_TOKENS,
+    DEFAULT_SAMPLE_ROWS,
     Backend,
     Progress,
     SamplingParams,
@@ -22,7 +23,7 @@ from collapsecheck.cross_scoring import column_groups, cross_score, request_coun
 from collapsecheck.dump import REPORT_FILE, write_matrix, write_samples
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import DEFAULT_RESAMPLES, compute_metrics, count_per_prompt
-from collapsecheck.prompts import RenderedPrompt, file_sha256, load_prompts, render_prompt
+from collapsecheck.prompts import Prompt, file_sha256, load_prompts, render_prompt
 from collapsecheck.reasoning import ReasoningSpec, Trace, extract_traces
 from collapsecheck.report import Report
 from collapsecheck.verdict import Thresholds, decide
@@ -52,8 +53,13 @@ def versions() -> dict[str, str]:
     }
 
 
+def prompt_summary(prompt: Prompt) -> str:
+    """The user's own words of a prompt: the string, or the last chat message's content."""
+    return prompt.content if isinstance(prompt.content, str) else prompt.content[-1]["content"]
+
+
 def example_traces(
-    traces: Sequence[Trace], rendered: Sequence[RenderedPrompt], groups: Any, count: int = 2
+    traces: Sequence[Trace], prompts: Sequence[Prompt], groups: Any, count: int = 2
 ) -> list[dict[str, Any]]:
     """The first valid trace of `count` different prompts, to show a template by eye."""
     seen: set[int] = set()
@@ -65,7 +71,7 @@ def example_traces(
             examples.append(
                 {
                     "prompt_index": trace.prompt_index,
-                    "prompt": rendered[trace.prompt_index].text,
+                    "prompt": prompt_summary(prompts[trace.prompt_index]),
                     "reasoning": trace.reasoning,
                 }
             )
@@ -98,6 +104,7 @@ def scan(
     dtype: str = "auto",
     scorer: str = "cached",
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
     as_chat: bool = False,
     prompt_field: str | None = None,
     resamples: int = DEFAULT_RESAMPLES,
@@ -127,7 +134,12 @@ def scan(
         from collapsecheck.backends.hf import TransformersBackend
 
         backend = TransformersBackend.from_checkpoint(
-            checkpoint, device=device, dtype=dtype, scorer=scorer, batch_tokens=batch_tokens
+            checkpoint,
+            device=device,
+            dtype=dtype,
+            scorer=scorer,
+            batch_tokens=batch_tokens,
+            sample_rows=sample_rows,
         )
     rendered = [render_prompt(p, backend.tokenizer, as_chat=as_chat) for p in prompt_list]
     prompt_ids = [r.ids for r in rendered]
@@ -188,7 +200,7 @@ def scan(
             "truncated_responses": sum(t.truncated for t in traces),
             "reasoning_tokens_mean": float(scores.reasoning_tokens.mean()),
         },
-        examples=example_traces(traces, rendered, groups),
+        examples=example_traces(traces, prompt_list, groups),
         timing={
             "started_at": started_at,
             "load_s": round(loaded - started, 3),

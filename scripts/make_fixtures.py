@@ -57,7 +57,7 @@ FILLER = [
     "act",
     "here",
 ]
-ECHO = "i will just move up now"
+ECHO = "i go up"
 SPECIAL = ["<pad>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 ,.:;>-'?!\n")
@@ -76,7 +76,7 @@ RUN = [
 ]
 SIDE = [
     ("checkpoints/grounded-compressed", 0.0, "compressed", 500),
-    ("checkpoints/low-entropy-collapse", 1.0, "echo", 400),
+    ("checkpoints/low-entropy-collapse", 1.0, "echo", 1000),
 ]
 
 
@@ -232,22 +232,34 @@ def write_prompts(path: Path, count: int, seed: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-steps", type=int, default=1500)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[name for name, *_ in SIDE],
+        help="retrain only these side checkpoints, from the saved grounded base",
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     tokenizer = build_tokenizer()
-    (EXAMPLES / "prompts").mkdir(parents=True, exist_ok=True)
-    write_prompts(EXAMPLES / "prompts" / "gridworld.jsonl", 32, seed=1234)
-
-    print("grounded base (global_step_100)", flush=True)
-    model = build_model(tokenizer)
-    train(model, tokenizer, 0.0, "diverse", args.base_steps, seed=1)
+    if args.only:
+        model = LlamaForCausalLM.from_pretrained(EXAMPLES / RUN[0][0])
+    else:
+        (EXAMPLES / "prompts").mkdir(parents=True, exist_ok=True)
+        write_prompts(EXAMPLES / "prompts" / "gridworld.jsonl", 32, seed=1234)
+        print("grounded base (global_step_100)", flush=True)
+        model = build_model(tokenizer)
+        train(model, tokenizer, 0.0, "diverse", args.base_steps, seed=1)
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
     for index, (name, share, style, steps) in enumerate(RUN):
+        if args.only:
+            break
         if steps:
             print(f"{name}: template share {share}", flush=True)
             train(model, tokenizer, share, style, steps, seed=10 + index, lr=1e-3)
         save(model, tokenizer, EXAMPLES / name)
     for index, (name, share, style, steps) in enumerate(SIDE):
+        if args.only and name not in args.only:
+            continue
         print(f"{name}: {style}", flush=True)
         model.load_state_dict(base_state)
         train(model, tokenizer, share, style, steps, seed=100 + index, lr=1e-3)

@@ -17,6 +17,8 @@ Progress = Callable[[int], None]
 
 # Tokens per scoring batch (batch size x longest sequence) unless the user sets another.
 DEFAULT_BATCH_TOKENS = 4096
+# Sequences decoded together while sampling (prompts per batch = this // K).
+DEFAULT_SAMPLE_ROWS = 128
 
 
 def no_progress(_: int) -> None:

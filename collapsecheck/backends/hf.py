@@ -19,6 +19,7 @@ import torch
 
 from collapsecheck.backends.base import (
     DEFAULT_BATCH_TOKENS,
+    DEFAULT_SAMPLE_ROWS,
     Progress,
     Sample,
     SamplingParams,
@@ -72,6 +73,17 @@ def _right_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> torch.Te
     return out.to(device)
 
 
+def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[torch.Tensor, ...]:
+    """Left-padded ids and their attention mask, for decoding several prompts together."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
 def _positions_mask(starts: Sequence[int], ends: Sequence[int], width: int) -> torch.Tensor:
     position = torch.arange(width)[None, :]
     return (position >= torch.tensor(starts)[:, None]) & (position < torch.tensor(ends)[:, None])
@@ -89,6 +101,7 @@ class TransformersBackend:
         *,
         scorer: str = "cached",
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        sample_rows: int = DEFAULT_SAMPLE_ROWS,
     ) -> None:
         if scorer not in SCORERS:
             raise CollapsecheckError(
@@ -96,10 +109,13 @@ class TransformersBackend:
             )
         if batch_tokens < 1:
             raise CollapsecheckError(f"--batch-tokens must be at least 1, got {batch_tokens}")
+        if sample_rows < 1:
+            raise CollapsecheckError(f"--sample-batch must be at least 1, got {sample_rows}")
         self.model = model
         self.tokenizer = tokenizer
         self.scorer = scorer
         self.batch_tokens = batch_tokens
+        self.sample_rows = sample_rows
         self.device = str(next(model.parameters()).device)
         self.stop_ids = self._stop_token_ids()
         self.pad_id = int(self.stop_ids[0]) if self.stop_ids else 0
@@ -113,12 +129,15 @@ class TransformersBackend:
         dtype: str = "auto",
         scorer: str = "cached",
         batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        sample_rows: int = DEFAULT_SAMPLE_ROWS,
     ) -> TransformersBackend:
         path = check_checkpoint_dir(path)
         tokenizer = load_tokenizer(path)
         resolved = resolve_device(device)
         model = load_model(path, resolved, resolve_dtype(dtype, resolved))
-        return cls(model, tokenizer, scorer=scorer, batch_tokens=batch_tokens)
+        return cls(
+            model, tokenizer, scorer=scorer, batch_tokens=batch_tokens, sample_rows=sample_rows
+        )
 
     def _stop_token_ids(self) -> list[int]:
         """End-of-sequence ids of the generation config and the tokenizer, in that order."""
@@ -166,26 +185,56 @@ class TransformersBackend:
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0))
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
-    def _sample_one_prompt(
-        self, prompt: Sequence[int], params: SamplingParams, seed: int
-    ) -> list[Sample]:
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        cache, logits = self._prefill(prompt)
-        cache.batch_repeat_interleave(params.k)
-        logits = logits.expand(params.k, -1)
+    def _sample_batch(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
+        """K samples for each of several prompts, decoded together (prompts left-padded).
+
+        Each prompt draws from its own seeded generator, so its traces do not depend on the
+        sampling order of the others.
+        """
+        k = params.k
+        generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        ids, mask = _left_pad(prompts, self.pad_id, self.device)
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache, logits = out.past_key_values, out.logits[:, -1, :].repeat_interleave(k, dim=0)
+        cache.batch_repeat_interleave(k)
+        mask = mask.repeat_interleave(k, dim=0)
+        position = positions[:, -1:].repeat_interleave(k, dim=0)
         stops = torch.tensor(self.stop_ids or [-1], device=self.device)
-        finished = torch.zeros(params.k, dtype=torch.bool, device=self.device)
+        finished = torch.zeros(len(prompts) * k, dtype=torch.bool, device=self.device)
         steps: list[torch.Tensor] = []
         for _ in range(params.max_new_tokens):
-            tokens = self._next_tokens(logits, params, generator)
+            tokens = torch.cat(
+                [
+                    self._next_tokens(logits[i * k : (i + 1) * k], params, generator)
+                    for i, generator in enumerate(generators)
+                ]
+            )
             tokens = torch.where(finished, torch.full_like(tokens, self.pad_id), tokens)
             steps.append(tokens)
             finished |= torch.isin(tokens, stops)
             if bool(finished.all()):
                 break
-            out = self.model(input_ids=tokens[:, None], past_key_values=cache, use_cache=True)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            position = position + 1
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache, logits = out.past_key_values, out.logits[:, -1, :]
-        return self._split_samples(torch.stack(steps, dim=1).tolist())
+        rows = torch.stack(steps, dim=1).tolist()
+        return [self._split_samples(rows[i * k : (i + 1) * k]) for i in range(len(prompts))]
 
     def _split_samples(self, rows: list[list[int]]) -> list[Sample]:
         samples = []
@@ -198,10 +247,13 @@ class TransformersBackend:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
     ) -> list[list[Sample]]:
-        results = []
-        for index, prompt in enumerate(prompts):
-            results.append(self._sample_one_prompt(prompt, params, prompt_seed(params.seed, index)))
-            progress(1)
+        per_batch = max(1, self.sample_rows // params.k)
+        results: list[list[Sample]] = []
+        for start in range(0, len(prompts), per_batch):
+            chunk = range(start, min(start + per_batch, len(prompts)))
+            seeds = [prompt_seed(params.seed, i) for i in chunk]
+            results += self._sample_batch([prompts[i] for i in chunk], params, seeds)
+            progress(len(chunk))
         return results
 
     # -- scoring ------------------------------------------------------------------------

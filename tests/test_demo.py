@@ -46,3 +46,11 @@ def test_template_collapse_keeps_entropy_high_and_echo_does_not(demo_reports):
     assert echo.value("conditional_entropy_seq_est") < 1.0
     assert template.value("distinct_reasoning_rate") > 0.8
     assert echo.value("distinct_reasoning_rate") < 0.3
+
+
+def test_report_as_a_pandas_frame(demo_reports):
+    frame = demo_reports["demo-run/global_step_100"].to_frame()
+    assert list(frame.columns) == ["value", "low", "high"]
+    assert frame.loc["normalized_mi", "value"] > 0.9
+    assert frame.loc["normalized_mi", "low"] <= frame.loc["normalized_mi", "value"]
+    assert frame.loc["mi_upper_bound", "value"] == pytest.approx(2.772588722239781)

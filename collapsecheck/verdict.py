@@ -89,9 +89,8 @@ def _diversity_phrase(metrics: Mapping[str, MetricValue], low: bool, grounded: b
         meaning = "compressed, near-deterministic reasoning" if grounded else "it barely varies"
     else:
         meaning = "diverse reasoning" if grounded else "it still looks varied"
-    return (
-        f"entropy {entropy:.1f} nats/trace ({effective:.1f} effective traces per prompt): {meaning}"
-    )
+    count = f"{effective:,.0f}" if effective >= 100 else f"{effective:.1f}"
+    return f"entropy {entropy:.1f} nats/trace ({count} effective traces per prompt): {meaning}"
 
 
 def _straddle_phrase(name: str, metric: MetricValue, threshold: float) -> str:

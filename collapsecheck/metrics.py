@@ -277,3 +277,11 @@ def apply_run_ema(run: list[dict[str, MetricValue]], decay: float = EMA_DECAY) -
 def point_value(metric: MetricValue) -> float:
     """The point value of a metric, with or without an interval."""
     return metric.value if isinstance(metric, Estimate) else float(metric)
+
+
+def interval_bounds(metric: MetricValue) -> tuple[float, float]:
+    """The 95% interval of a metric, or its point value twice where it has none."""
+    value = point_value(metric)
+    if isinstance(metric, Estimate) and not (np.isnan(metric.low) or np.isnan(metric.high)):
+        return metric.low, metric.high
+    return value, value

@@ -60,6 +60,8 @@ class Report:
     counts: dict[str, int | float]
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
+    # where the scan's dump lives (set by a scan with a dump and by `load`; not serialized)
+    dump_dir: Path | None = field(default=None, compare=False)
 
     def value(self, key: str) -> float:
         """Point value of one metric."""
@@ -116,8 +118,10 @@ class Report:
     def load(cls, path: str | Path) -> Report:
         path = Path(path)
         try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            report = cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise CollapsecheckError(f"report not found: {path}") from None
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
             raise CollapsecheckError(f"{path}: not a collapsecheck report.json ({err})") from None
+        report.dump_dir = path.parent
+        return report

@@ -7,7 +7,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,7 @@ def scan(
     loop); otherwise the checkpoint directory is loaded with transformers.
     """
     started = time.perf_counter()
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     params = SamplingParams(k, temperature, top_p, max_new_tokens, seed)
     spec = reasoning or ReasoningSpec()
     thresholds = thresholds or Thresholds()
@@ -211,4 +211,5 @@ def scan(
     )
     if dump_dir is not None:
         report.save(dump_dir / REPORT_FILE)
+        report.dump_dir = dump_dir
     return report

@@ -5,11 +5,10 @@ Pure: takes the metric mapping of `collapsecheck.metrics.compute_metrics`, retur
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from collapsecheck.metrics import Estimate, MetricValue, point_value
+from collapsecheck.metrics import MetricValue, interval_bounds, point_value
 
 GROUNDED = "grounded"
 TEMPLATE_COLLAPSE = "template_collapse"
@@ -53,14 +52,6 @@ class Verdict:
         return self.regime in COLLAPSES
 
 
-def _bounds(metric: MetricValue) -> tuple[float, float]:
-    """The interval of a metric, or its point value twice where it has none."""
-    value = point_value(metric)
-    if isinstance(metric, Estimate) and not (math.isnan(metric.low) or math.isnan(metric.high)):
-        return metric.low, metric.high
-    return value, value
-
-
 def _dependence_level(values: list[float], t: Thresholds) -> str:
     if all(v >= t.dependence_high for v in values):
         return "high"
@@ -94,7 +85,7 @@ def _diversity_phrase(metrics: Mapping[str, MetricValue], low: bool, grounded: b
 
 
 def _straddle_phrase(name: str, metric: MetricValue, threshold: float) -> str:
-    low, high = _bounds(metric)
+    low, high = interval_bounds(metric)
     return f"{name} interval [{low:.2f}, {high:.2f}] straddles {threshold:g}"
 
 
@@ -106,11 +97,11 @@ def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = N
     entropy = metrics[ENTROPY_KEY]
     low_entropy = point_value(entropy) < t.entropy_low
 
-    pessimistic = [_bounds(metrics[k])[0] for k in DEPENDENCE_KEYS]
-    optimistic = [_bounds(metrics[k])[1] for k in DEPENDENCE_KEYS]
+    pessimistic = [interval_bounds(metrics[k])[0] for k in DEPENDENCE_KEYS]
+    optimistic = [interval_bounds(metrics[k])[1] for k in DEPENDENCE_KEYS]
     high_is_sure = _dependence_level(pessimistic, t) == "high"
     high_is_possible = _dependence_level(optimistic, t) == "high"
-    entropy_low_bound, entropy_high_bound = _bounds(entropy)
+    entropy_low_bound, entropy_high_bound = interval_bounds(entropy)
     entropy_is_ambiguous = entropy_low_bound < t.entropy_low <= entropy_high_bound
 
     straddles = []
@@ -118,7 +109,7 @@ def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = N
         straddles += [
             _straddle_phrase(k, metrics[k], t.dependence_high)
             for k in DEPENDENCE_KEYS
-            if _bounds(metrics[k])[0] < t.dependence_high <= _bounds(metrics[k])[1]
+            if interval_bounds(metrics[k])[0] < t.dependence_high <= interval_bounds(metrics[k])[1]
         ]
     if not high_is_possible and entropy_is_ambiguous:
         straddles.append(_straddle_phrase("conditional entropy", entropy, t.entropy_low))

@@ -1,0 +1,57 @@
+"""The results cache: each scan's dump stored under a key made of the checkpoint's content, the
+prompt file's content and every setting that changes the numbers. A rerun, or a run
+interrupted part-way, finds the finished checkpoints here and never rescans them.
+
+An entry is complete once its report.json exists; the dump writer writes that file last and
+atomically, so a killed scan leaves an incomplete entry that is simply redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FULL_HASH_LIMIT = 64 * 2**20  # files up to this size are hashed whole
+SAMPLE_BYTES = 2**20  # larger ones: their size and three 1 MiB samples (start, middle, end)
+KEY_LENGTH = 20
+
+
+def default_cache_root() -> Path:
+    """$COLLAPSECHECK_CACHE, else $XDG_CACHE_HOME/collapsecheck, else ~/.cache/collapsecheck."""
+    if os.environ.get("COLLAPSECHECK_CACHE"):
+        return Path(os.environ["COLLAPSECHECK_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "collapsecheck"
+
+
+def _file_digest(path: Path, digest: Any) -> None:
+    size = path.stat().st_size
+    digest.update(f"{path.name}\0{size}\0".encode())
+    with path.open("rb") as stream:
+        if size <= FULL_HASH_LIMIT:
+            for block in iter(lambda: stream.read(2**20), b""):
+                digest.update(block)
+            return
+        for offset in (0, size // 2, size - SAMPLE_BYTES):
+            stream.seek(offset)
+            digest.update(stream.read(SAMPLE_BYTES))
+
+
+def checkpoint_fingerprint(model_dir: Path) -> str:
+    """A digest of the files of a checkpoint directory (weights, config, tokenizer)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
+        _file_digest(path, digest)
+    return digest.hexdigest()
+
+
+def scan_key(model_dir: Path, prompts: Path, settings: dict[str, Any]) -> str:
+    """The cache key of one scan."""
+    digest = hashlib.sha256()
+    digest.update(checkpoint_fingerprint(model_dir).encode())
+    _file_digest(prompts, digest)
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:KEY_LENGTH]

@@ -1,0 +1,139 @@
+"""Gate settings from a config file: `--config FILE`, else `collapsecheck.toml` in the working
+directory, else the `[tool.collapsecheck]` table of its `pyproject.toml`. Options given on the
+command line win over the file; the file wins over the defaults.
+
+    [tool.collapsecheck]
+    fail_on = ["template_collapse", "low_entropy_collapse"]
+    dependence_high = 0.7
+    dependence_collapsed = 0.3
+    entropy_low = 1.0
+    max_drop = 0.0
+
+    [tool.collapsecheck.min]      # any metric of the SPEC: fail below this point value
+    normalized_mi = 0.5
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.verdict import COLLAPSES, REGIMES, Thresholds
+
+CONFIG_FILE = "collapsecheck.toml"
+THRESHOLD_KEYS = ("dependence_high", "dependence_collapsed", "entropy_low")
+KNOWN_KEYS = {*THRESHOLD_KEYS, "fail_on", "max_drop", "min"}
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """What makes a checkpoint fail: its regime, metric minimums, a drop against a baseline."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    fail_on: frozenset[str] = frozenset(COLLAPSES)
+    minimums: dict[str, float] = field(default_factory=dict)
+    max_drop: float = 0.0
+    source: str = "defaults"
+
+
+def parse_fail_on(value: str | list[str], where: str = "--fail-on") -> frozenset[str]:
+    items = value.split(",") if isinstance(value, str) else value
+    regimes = {str(v).strip() for v in items if str(v).strip()}
+    if regimes == {"none"}:
+        return frozenset()
+    unknown = regimes - set(REGIMES)
+    if unknown:
+        raise CollapsecheckError(
+            f"{where}: unknown regime {', '.join(sorted(unknown))} "
+            f"(choose from {', '.join(REGIMES)}, or none)"
+        )
+    return frozenset(regimes)
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CollapsecheckError(f"{where}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _read_table(path: Path) -> tuple[dict[str, Any], str] | None:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise CollapsecheckError(f"{path}: invalid TOML ({err})") from None
+    except UnicodeDecodeError:
+        raise CollapsecheckError(f"{path}: not valid UTF-8 text") from None
+    if path.name == "pyproject.toml":
+        table = data.get("tool", {}).get("collapsecheck")
+        return (table, f"{path} [tool.collapsecheck]") if table is not None else None
+    return data, str(path)
+
+
+def find_config(explicit: Path | None, directory: Path | None = None) -> tuple[dict[str, Any], str]:
+    """The config table and where it came from ({} and "defaults" when there is none)."""
+    if explicit is not None:
+        if not explicit.is_file():
+            raise CollapsecheckError(f"--config: file not found: {explicit}")
+        found = _read_table(explicit)
+        if found is None:
+            raise CollapsecheckError(f"{explicit}: no [tool.collapsecheck] table")
+        return found
+    directory = directory or Path.cwd()
+    for candidate in (directory / CONFIG_FILE, directory / "pyproject.toml"):
+        if candidate.is_file():
+            found = _read_table(candidate)
+            if found is not None:
+                return found
+    return {}, "defaults"
+
+
+def gate_from_table(table: dict[str, Any], where: str) -> GateConfig:
+    unknown = set(table) - KNOWN_KEYS
+    if unknown:
+        raise CollapsecheckError(
+            f"{where}: unknown setting {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(KNOWN_KEYS))})"
+        )
+    thresholds = {k: _number(table[k], f"{where}: {k}") for k in THRESHOLD_KEYS if k in table}
+    minimums = table.get("min", {})
+    if not isinstance(minimums, dict):
+        raise CollapsecheckError(f"{where}: min must be a table of metric = value")
+    try:
+        return GateConfig(
+            thresholds=Thresholds(**thresholds),
+            fail_on=parse_fail_on(table["fail_on"], f"{where}: fail_on")
+            if "fail_on" in table
+            else frozenset(COLLAPSES),
+            minimums={k: _number(v, f"{where}: min.{k}") for k, v in minimums.items()},
+            max_drop=_number(table.get("max_drop", 0.0), f"{where}: max_drop"),
+            source=where,
+        )
+    except ValueError as err:
+        raise CollapsecheckError(f"{where}: {err}") from None
+
+
+def load_gate(
+    config: Path | None = None,
+    *,
+    fail_on: str | None = None,
+    thresholds: dict[str, float | None] | None = None,
+    minimums: dict[str, float | None] | None = None,
+    max_drop: float | None = None,
+) -> GateConfig:
+    """The gate: command-line values (None where not given) over the config file's."""
+    gate = gate_from_table(*find_config(config))
+    given = {k: v for k, v in (thresholds or {}).items() if v is not None}
+    try:
+        merged = replace(gate.thresholds, **given)
+    except ValueError as err:
+        raise CollapsecheckError(f"thresholds: {err}") from None
+    return replace(
+        gate,
+        thresholds=merged,
+        fail_on=parse_fail_on(fail_on) if fail_on is not None else gate.fail_on,
+        minimums={**gate.minimums, **{k: v for k, v in (minimums or {}).items() if v is not None}},
+        max_drop=max_drop if max_drop is not None else gate.max_drop,
+    )

@@ -1,0 +1,108 @@
+"""The CI gate: rules checked against a report, and the reports CI systems read (JUnit XML,
+Markdown for a pull-request comment or a job summary)."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from collapsecheck.config import GateConfig
+from collapsecheck.dump import write_text_atomic
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.metrics import Estimate
+from collapsecheck.report import KEY_METRICS, Report
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    name: str
+    passed: bool
+    message: str
+
+
+def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
+    """The regime rule, then one rule per metric minimum."""
+    regime = report.verdict.regime
+    listed = ", ".join(sorted(gate.fail_on)) or "none"
+    results = [
+        RuleResult(
+            "regime",
+            regime not in gate.fail_on,
+            f"verdict {regime} {'is' if regime in gate.fail_on else 'is not'} in --fail-on "
+            f"({listed}): {report.verdict.reason}",
+        )
+    ]
+    for key, minimum in sorted(gate.minimums.items()):
+        if key not in report.metrics:
+            raise CollapsecheckError(f"min.{key}: no such metric (see docs/SPEC.md)")
+        value = report.value(key)
+        passed = not math.isnan(value) and value >= minimum
+        results.append(
+            RuleResult(f"min {key}", passed, f"{key} = {value:.3f}, minimum {minimum:g}")
+        )
+    return results
+
+
+def failures(results: Sequence[RuleResult]) -> list[RuleResult]:
+    return [r for r in results if not r.passed]
+
+
+def write_junit(path: Path, suite: str, results: Sequence[RuleResult]) -> Path:
+    """One test case per rule; a failing rule is a <failure> with its message."""
+    root = ET.Element("testsuites")
+    element = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(results)),
+        failures=str(len(failures(results))),
+        errors="0",
+        skipped="0",
+    )
+    for result in results:
+        case = ET.SubElement(element, "testcase", name=result.name, classname=suite)
+        if result.passed:
+            ET.SubElement(case, "system-out").text = result.message
+        else:
+            ET.SubElement(case, "failure", message=result.message, type="collapsecheck")
+    ET.indent(root)
+    text = ET.tostring(root, encoding="unicode", xml_declaration=True)
+    return write_text_atomic(path, text + "\n")
+
+
+def _cell(report: Report, key: str) -> str:
+    metric = report.metrics[key]
+    if isinstance(metric, Estimate):
+        return f"{metric.value:.3f} [{metric.low:.3f}, {metric.high:.3f}]"
+    return f"{float(metric):.3f}"
+
+
+def markdown_report(title: str, report: Report, results: Sequence[RuleResult]) -> str:
+    """A summary of one report and its gate, fit for a PR comment or a job summary."""
+    status = "passed" if not failures(results) else "failed"
+    lines = [
+        f"## collapsecheck: {title}",
+        "",
+        f"**Verdict: `{report.verdict.regime}`**"
+        + (f" ({report.verdict.style})" if report.verdict.style else "")
+        + (" (partial)" if report.verdict.partial else "")
+        + f": {report.verdict.reason}",
+        "",
+        "| metric | value [95% interval] |",
+        "|---|---|",
+        *(f"| `{key}` | {_cell(report, key)} |" for key in KEY_METRICS),
+        "",
+        f"### Gate: {status}",
+        "",
+        "| rule | result | detail |",
+        "|---|---|---|",
+        *(
+            f"| {r.name} | {'pass' if r.passed else '**FAIL**'} | {r.message.replace('|', '/')} |"
+            for r in results
+        ),
+        "",
+    ]
+    return "\n".join(lines)

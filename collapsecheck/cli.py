@@ -1,15 +1,17 @@
-"""The command line: a thin typer layer over `collapsecheck.scan`.
+"""The command line: a thin typer layer over the Python API (`scan`, `scan_run`,
+`compare_reports`).
 
-Exit codes: 0 ok; 1 the verdict is one of `--fail-on`; 2 usage or input error (one line on
+Exit codes: 0 ok; 1 a gate rule failed (the verdict is in `--fail-on`, a `--min-*` metric is
+too low, or `compare` found that B lost input dependence); 2 usage or input error (one line on
 stderr naming the file, line or option at fault).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,18 +21,17 @@ from collapsecheck.backends.base import DEFAULT_BATCH_TOKENS, DEFAULT_SAMPLE_ROW
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import DEFAULT_RESAMPLES
 from collapsecheck.reasoning import REGEX, WHOLE, ReasoningSpec
-from collapsecheck.verdict import COLLAPSES, REGIMES, Thresholds
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Detect template collapse in RL-trained LLM agents (see SPEC.md).",
+    help="Detect template collapse in RL-trained LLM agents (see docs/SPEC.md).",
 )
-out = Console()
-err = Console(stderr=True)
+stdout = Console()
+stderr = Console(stderr=True)
 
 
 @contextmanager
@@ -39,38 +40,25 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except CollapsecheckError as error:
-        err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        stderr.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from None
     except KeyboardInterrupt:
-        err.print("[bold red]interrupted[/]")
-        raise typer.Exit(130) from None
-
-
-def parse_fail_on(value: str) -> set[str]:
-    if value.strip().lower() == "none":
-        return set()
-    regimes = {v.strip() for v in value.split(",") if v.strip()}
-    unknown = regimes - set(REGIMES)
-    if unknown:
-        raise CollapsecheckError(
-            f"--fail-on: unknown regime {', '.join(sorted(unknown))} "
-            f"(choose from {', '.join(REGIMES)}, or none)"
-        )
-    return regimes
+        stderr.print("[bold red]interrupted[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def reasoning_spec(tags: str | None, regex: str | None, whole: bool) -> ReasoningSpec:
-    chosen = [
+    given = [
         name
-        for name, given in (
+        for name, value in (
             ("--reasoning-tags", tags),
             ("--reasoning-regex", regex),
             ("--whole-response", whole),
         )
-        if given
+        if value
     ]
-    if len(chosen) > 1:
-        raise CollapsecheckError(f"choose one of {' and '.join(chosen)}, not both")
+    if len(given) > 1:
+        raise CollapsecheckError(f"choose one of {' and '.join(given)}, not both")
     if tags:
         return ReasoningSpec.from_tags(tags)
     if regex:
@@ -78,104 +66,341 @@ def reasoning_spec(tags: str | None, regex: str | None, whole: bool) -> Reasonin
     return ReasoningSpec(WHOLE) if whole else ReasoningSpec()
 
 
+# -- options shared by `scan` and `compare` ------------------------------------------------
+
+Prompts = Annotated[
+    Path | None, typer.Option("--prompts", "-p", help="Prompt set: JSONL or plain text.")
+]
+Samples = Annotated[int, typer.Option("-k", "--samples", help="Samples per prompt.")]
+NumPrompts = Annotated[
+    int | None, typer.Option("--num-prompts", "-n", help="Use the first N prompts.")
+]
+MaxNewTokens = Annotated[int, typer.Option(help="Length limit per response.")]
+Temperature = Annotated[float, typer.Option(help="Sampling temperature.")]
+TopP = Annotated[float, typer.Option(help="Nucleus sampling threshold.")]
+Seed = Annotated[int, typer.Option(help="Seed of sampling and bootstrap.")]
+ReasoningTags = Annotated[
+    str | None, typer.Option(help="Reasoning between OPEN,CLOSE (default <think>,</think>).")
+]
+ReasoningRegex = Annotated[
+    str | None, typer.Option(help="Reasoning matched by a regex (its group 1 if any).")
+]
+WholeResponse = Annotated[
+    bool, typer.Option("--whole-response", help="Score the whole response as reasoning.")
+]
+AsChat = Annotated[
+    bool, typer.Option("--as-chat", help="Wrap plain-string prompts as one user message.")
+]
+PromptField = Annotated[
+    str | None, typer.Option(help="JSONL field holding the prompt (default prompt/messages).")
+]
+Device = Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")]
+Dtype = Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")]
+Scorer = Annotated[str, typer.Option(help="cached (default) or naive (reference).")]
+BatchTokens = Annotated[int, typer.Option(help="Tokens per scoring batch (batch x length).")]
+SampleBatch = Annotated[int, typer.Option(help="Sequences decoded together while sampling.")]
+Bootstrap = Annotated[int, typer.Option(help="Bootstrap resamples.")]
+Config = Annotated[
+    Path | None,
+    typer.Option(help="Gate settings (default: ./collapsecheck.toml or ./pyproject.toml)."),
+]
+Out = Annotated[
+    Path | None,
+    typer.Option(help="Results cache directory (default ~/.cache/collapsecheck for runs)."),
+]
+Rescan = Annotated[bool, typer.Option("--rescan", help="Ignore cached results.")]
+JsonPath = Annotated[Path | None, typer.Option("--json", help="Write the JSON report.")]
+Junit = Annotated[Path | None, typer.Option(help="Write JUnit XML, one test case per rule.")]
+Markdown = Annotated[Path | None, typer.Option(help="Write a Markdown summary.")]
+
+
+def scan_options(
+    *,
+    samples: int,
+    num_prompts: int | None,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    reasoning_tags: str | None,
+    reasoning_regex: str | None,
+    whole_response: bool,
+    as_chat: bool,
+    prompt_field: str | None,
+    device: str,
+    dtype: str,
+    scorer: str,
+    batch_tokens: int,
+    sample_batch: int,
+    bootstrap: int,
+) -> dict[str, Any]:
+    """The keyword arguments of `collapsecheck.scan` from the command line's options."""
+    if bootstrap < 0:
+        raise CollapsecheckError(f"--bootstrap must be >= 0, got {bootstrap}")
+    return {
+        "k": samples,
+        "num_prompts": num_prompts,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "seed": seed,
+        "reasoning": reasoning_spec(reasoning_tags, reasoning_regex, whole_response),
+        "as_chat": as_chat,
+        "prompt_field": prompt_field,
+        "device": device,
+        "dtype": dtype,
+        "scorer": scorer,
+        "batch_tokens": batch_tokens,
+        "sample_rows": sample_batch,
+        "resamples": bootstrap,
+    }
+
+
+def require_prompts(prompts: Path | None) -> Path:
+    if prompts is None:
+        raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
+    return prompts
+
+
+def finish_gate(
+    results: Sequence[Any], junit: Path | None, suite: str, enforce: bool = True
+) -> None:
+    """Write JUnit if asked; when enforcing, name each failing rule and exit 1 if any failed."""
+    from collapsecheck.gate import failures, write_junit
+
+    if junit is not None:
+        write_junit(junit, suite, results)
+    failed = failures(results) if enforce else []
+    for result in failed:
+        stderr.print(f"[bold red]failed:[/] {escape(result.name)}: {escape(result.message)}")
+    if failed:
+        raise typer.Exit(EXIT_FAIL)
+
+
 @app.command()
 def scan(
-    checkpoint: Annotated[Path, typer.Argument(help="Hugging Face checkpoint directory.")],
-    prompts: Annotated[
-        Path, typer.Option("--prompts", "-p", help="Prompt set: JSONL or plain text.")
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A checkpoint directory, or a run directory of checkpoints.")
     ],
-    samples: Annotated[int, typer.Option("-k", "--samples", help="Samples per prompt.")] = 8,
-    num_prompts: Annotated[
-        int | None, typer.Option("--num-prompts", "-n", help="Use the first N prompts.")
-    ] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Length limit per response.")] = 256,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling threshold.")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Seed of sampling and bootstrap.")] = 0,
-    reasoning_tags: Annotated[
-        str | None, typer.Option(help="Reasoning between OPEN,CLOSE (default <think>,</think>).")
-    ] = None,
-    reasoning_regex: Annotated[
-        str | None, typer.Option(help="Reasoning matched by a regex (its group 1 if any).")
-    ] = None,
-    whole_response: Annotated[
-        bool, typer.Option("--whole-response", help="Score the whole response as reasoning.")
-    ] = False,
-    as_chat: Annotated[
-        bool, typer.Option("--as-chat", help="Wrap plain-string prompts as one user message.")
-    ] = False,
-    prompt_field: Annotated[
-        str | None, typer.Option(help="JSONL field holding the prompt (default prompt/messages).")
-    ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")] = "auto",
-    scorer: Annotated[str, typer.Option(help="cached (default) or naive (reference).")] = "cached",
-    batch_tokens: Annotated[
-        int, typer.Option(help="Tokens per scoring batch (batch size x length).")
-    ] = DEFAULT_BATCH_TOKENS,
-    sample_batch: Annotated[
-        int, typer.Option(help="Sequences decoded together while sampling.")
-    ] = DEFAULT_SAMPLE_ROWS,
-    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples.")] = DEFAULT_RESAMPLES,
+    prompts: Prompts = None,
+    samples: Samples = 8,
+    num_prompts: NumPrompts = None,
+    max_new_tokens: MaxNewTokens = 256,
+    temperature: Temperature = 1.0,
+    top_p: TopP = 1.0,
+    seed: Seed = 0,
+    reasoning_tags: ReasoningTags = None,
+    reasoning_regex: ReasoningRegex = None,
+    whole_response: WholeResponse = False,
+    as_chat: AsChat = False,
+    prompt_field: PromptField = None,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    scorer: Scorer = "cached",
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    sample_batch: SampleBatch = DEFAULT_SAMPLE_ROWS,
+    bootstrap: Bootstrap = DEFAULT_RESAMPLES,
     dependence_high: Annotated[
-        float, typer.Option(help="Input dependence is high at or above this.")
-    ] = Thresholds.dependence_high,
-    dependence_collapsed: Annotated[
-        float, typer.Option(help="Input dependence is collapsed at or below this.")
-    ] = Thresholds.dependence_collapsed,
-    entropy_low: Annotated[
-        float, typer.Option(help="Conditional entropy (nats/trace) below this is low.")
-    ] = Thresholds.entropy_low,
-    fail_on: Annotated[
-        str, typer.Option(help="Regimes that exit with code 1, comma-separated, or none.")
-    ] = ",".join(COLLAPSES),
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write report.json.")] = None,
-    dump: Annotated[
-        Path | None, typer.Option(help="Write the SPEC dump to this directory.")
+        float | None, typer.Option(help="Input dependence is high at or above this [0.7].")
     ] = None,
+    dependence_collapsed: Annotated[
+        float | None, typer.Option(help="Input dependence is collapsed at or below this [0.3].")
+    ] = None,
+    entropy_low: Annotated[
+        float | None, typer.Option(help="H(Z|X) below this (nats/trace) is low [1.0].")
+    ] = None,
+    fail_on: Annotated[
+        str | None,
+        typer.Option(help="Regimes that fail the gate, comma-separated, or none [collapses]."),
+    ] = None,
+    min_normalized_mi: Annotated[float | None, typer.Option(help="Fail below this.")] = None,
+    min_retrieval_skill: Annotated[float | None, typer.Option(help="Fail below this.")] = None,
+    min_valid_reasoning_rate: Annotated[float | None, typer.Option(help="Fail below this.")] = None,
+    min_conditional_entropy: Annotated[
+        float | None, typer.Option(help="Fail when H(Z|X) (nats/trace) is below this.")
+    ] = None,
+    config: Config = None,
+    out: Out = None,
+    rescan: Rescan = False,
+    json_path: JsonPath = None,
+    dump: Annotated[
+        Path | None, typer.Option(help="Write the SPEC dump of one checkpoint to this directory.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(help="Draw a run's picture to this PNG.")] = None,
+    junit: Junit = None,
+    markdown: Markdown = None,
 ) -> None:
-    """Sample, cross-score and diagnose one checkpoint."""
-    from collapsecheck.console import print_report, progress_bars
+    """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
+    from collapsecheck.cache import default_cache_root
+    from collapsecheck.config import load_gate
+    from collapsecheck.console import print_report, print_run, progress_bars
+    from collapsecheck.discovery import find_checkpoints
+    from collapsecheck.dump import write_text_atomic
+    from collapsecheck.gate import check_report, markdown_report
+    from collapsecheck.plot import plot_run
+    from collapsecheck.runs import cached_scan, scan_run
     from collapsecheck.scan import scan as run_scan
 
     with user_errors():
-        failing = parse_fail_on(fail_on)
-        try:
-            thresholds = Thresholds(dependence_high, dependence_collapsed, entropy_low)
-        except ValueError as error:
-            raise CollapsecheckError(f"--dependence-high/--dependence-collapsed: {error}") from None
-        if bootstrap < 0:
-            raise CollapsecheckError(f"--bootstrap must be >= 0, got {bootstrap}")
-        spec = reasoning_spec(reasoning_tags, reasoning_regex, whole_response)
-        with progress_bars(err) as progress:
-            report = run_scan(
-                checkpoint,
-                prompts,
-                k=samples,
-                num_prompts=num_prompts,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                seed=seed,
-                reasoning=spec,
-                thresholds=thresholds,
-                device=device,
-                dtype=dtype,
-                scorer=scorer,
-                batch_tokens=batch_tokens,
-                sample_rows=sample_batch,
-                as_chat=as_chat,
-                prompt_field=prompt_field,
-                resamples=bootstrap,
-                dump=dump,
-                progress=progress,
+        gate = load_gate(
+            config,
+            fail_on=fail_on,
+            thresholds={
+                "dependence_high": dependence_high,
+                "dependence_collapsed": dependence_collapsed,
+                "entropy_low": entropy_low,
+            },
+            minimums={
+                "normalized_mi": min_normalized_mi,
+                "retrieval_skill": min_retrieval_skill,
+                "valid_reasoning_rate": min_valid_reasoning_rate,
+                "conditional_entropy_seq_est": min_conditional_entropy,
+            },
+        )
+        options = scan_options(
+            samples=samples, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, seed=seed, reasoning_tags=reasoning_tags,
+            reasoning_regex=reasoning_regex, whole_response=whole_response, as_chat=as_chat,
+            prompt_field=prompt_field, device=device, dtype=dtype, scorer=scorer,
+            batch_tokens=batch_tokens, sample_batch=sample_batch, bootstrap=bootstrap,
+        )  # fmt: skip
+        prompt_file = require_prompts(prompts)
+        model_dir, run = find_checkpoints(checkpoint)
+        if dump is not None and (run or out is not None):
+            raise CollapsecheckError(
+                "--dump takes one checkpoint without --out (cached scans keep their dump "
+                "under --out)"
             )
+        if plot is not None and not run:
+            raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
+        with progress_bars(stderr) as progress:
+            if run:
+                run_report = scan_run(
+                    checkpoint, run, prompt_file, cache_root=out or default_cache_root(),
+                    rescan=rescan, thresholds=gate.thresholds, progress=progress, **options,
+                )  # fmt: skip
+                report = run_report.steps[-1].report
+            elif out is not None:
+                report = cached_scan(
+                    model_dir, prompt_file, cache_root=out, rescan=rescan,
+                    thresholds=gate.thresholds, progress=progress, **options,
+                )  # fmt: skip
+            else:
+                report = run_scan(
+                    model_dir, prompt_file, dump=dump, thresholds=gate.thresholds,
+                    progress=progress, **options,
+                )  # fmt: skip
+        results = check_report(report, gate)
+        if run:
+            title = f"{checkpoint} (latest: {run[-1].label})"
+            if json_path is not None:
+                run_report.save(json_path)
+            if plot is not None:
+                plot_run(run_report, plot)
+        else:
+            title = str(checkpoint)
+            if json_path is not None:
+                report.save(json_path)
+        if markdown is not None:
+            write_text_atomic(markdown, markdown_report(title, report, results))
+    if run:
+        print_run(stdout, run_report)
+    else:
+        print_report(stdout, report)
+    with user_errors():
+        finish_gate(results, junit, "collapsecheck.scan")
+
+
+@app.command()
+def compare(
+    a: Annotated[Path, typer.Argument(help="Checkpoint A (the baseline), or its report.json.")],
+    b: Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")],
+    prompts: Prompts = None,
+    samples: Samples = 8,
+    num_prompts: NumPrompts = None,
+    max_new_tokens: MaxNewTokens = 256,
+    temperature: Temperature = 1.0,
+    top_p: TopP = 1.0,
+    seed: Seed = 0,
+    reasoning_tags: ReasoningTags = None,
+    reasoning_regex: ReasoningRegex = None,
+    whole_response: WholeResponse = False,
+    as_chat: AsChat = False,
+    prompt_field: PromptField = None,
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    scorer: Scorer = "cached",
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    sample_batch: SampleBatch = DEFAULT_SAMPLE_ROWS,
+    bootstrap: Bootstrap = DEFAULT_RESAMPLES,
+    max_drop: Annotated[
+        float | None,
+        typer.Option(help="Tolerated drop of normalized MI and retrieval skill [0]."),
+    ] = None,
+    gate_exit: Annotated[
+        bool,
+        typer.Option("--gate/--no-gate", help="Exit 1 when B lost input dependence."),
+    ] = True,
+    config: Config = None,
+    out: Out = None,
+    rescan: Rescan = False,
+    json_path: JsonPath = None,
+    junit: Junit = None,
+    markdown: Markdown = None,
+) -> None:
+    """Did checkpoint B lose input dependence relative to A, beyond noise?"""
+    from collapsecheck.cache import default_cache_root
+    from collapsecheck.compare import compare_reports
+    from collapsecheck.config import load_gate
+    from collapsecheck.console import print_comparison, progress_bars
+    from collapsecheck.discovery import find_checkpoints
+    from collapsecheck.dump import REPORT_FILE, write_text_atomic
+    from collapsecheck.gate import RuleResult, markdown_report
+    from collapsecheck.report import Report
+    from collapsecheck.runs import cached_scan
+
+    with user_errors():
+        gate = load_gate(config, max_drop=max_drop)
+        options = scan_options(
+            samples=samples, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, seed=seed, reasoning_tags=reasoning_tags,
+            reasoning_regex=reasoning_regex, whole_response=whole_response, as_chat=as_chat,
+            prompt_field=prompt_field, device=device, dtype=dtype, scorer=scorer,
+            batch_tokens=batch_tokens, sample_batch=sample_batch, bootstrap=bootstrap,
+        )  # fmt: skip
+
+        def obtain(path: Path, progress: Any) -> Report:
+            if path.is_file():
+                return Report.load(path)
+            if (
+                path.is_dir()
+                and (path / REPORT_FILE).is_file()
+                and not (path / "config.json").exists()
+            ):
+                return Report.load(path / REPORT_FILE)
+            model_dir, run = find_checkpoints(path)
+            if run:
+                raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
+            return cached_scan(
+                model_dir, require_prompts(prompts), cache_root=out or default_cache_root(),
+                rescan=rescan, thresholds=gate.thresholds, progress=progress, **options,
+            )  # fmt: skip
+
+        with progress_bars(stderr) as progress:
+            first, second = obtain(a, progress), obtain(b, progress)
+        comparison = compare_reports(
+            first, second, max_drop=gate.max_drop, resamples=bootstrap, seed=seed
+        )
+        results = [RuleResult("input dependence kept", not comparison.lost, comparison.reason)]
         if json_path is not None:
-            report.save(json_path)
-    print_report(out, report)
-    if report.verdict.regime in failing:
-        err.print(f"failing: the verdict {report.verdict.regime} is in --fail-on")
-        raise typer.Exit(EXIT_FAIL)
+            import json
+
+            write_text_atomic(json_path, json.dumps(comparison.to_dict(), indent=2) + "\n")
+        if markdown is not None:
+            write_text_atomic(markdown, markdown_report(f"{a} vs {b}", second, results))
+    print_comparison(stdout, comparison)
+    with user_errors():
+        finish_gate(results, junit, "collapsecheck.compare", enforce=gate_exit)
 
 
 @app.callback()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -12,6 +12,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -19,8 +20,10 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from collapsecheck.metrics import Estimate
+from collapsecheck.compare import Comparison
+from collapsecheck.metrics import Estimate, MetricValue, point_value
 from collapsecheck.report import KEY_METRICS, Report
+from collapsecheck.runs import RunReport
 from collapsecheck.scan import ProgressHook
 from collapsecheck.verdict import GROUNDED, INCONCLUSIVE
 
@@ -32,7 +35,8 @@ EXAMPLE_TITLE = 70
 
 @contextmanager
 def progress_bars(console: Console) -> Iterator[ProgressHook]:
-    """A ProgressHook drawing one rich bar (with ETA) per pipeline stage."""
+    """A ProgressHook drawing one rich bar (with ETA) per pipeline stage; a stage that starts
+    again (the next checkpoint of a run) reuses its bar."""
     columns = (
         TextColumn("[bold]{task.description:<9}"),
         BarColumn(),
@@ -42,9 +46,14 @@ def progress_bars(console: Console) -> Iterator[ProgressHook]:
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=console, transient=False) as bars:
+        tasks: dict[str, TaskID] = {}
 
-        def start(stage: str, total: int):
-            task = bars.add_task(stage, total=total)
+        def start(stage: str, total: int) -> Callable[[int], None]:
+            if stage in tasks:
+                bars.reset(tasks[stage], total=total)
+            else:
+                tasks[stage] = bars.add_task(stage, total=total)
+            task = tasks[stage]
             return lambda n: bars.advance(task, n)
 
         yield start
@@ -56,18 +65,19 @@ def _format(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
 
 
+def _interval(metric: MetricValue) -> str:
+    if isinstance(metric, Estimate):
+        return f"[{_format(metric.low)}, {_format(metric.high)}]"
+    return ""
+
+
 def metrics_table(report: Report) -> Table:
     table = Table(title="collapsecheck", title_justify="left", show_edge=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("95% interval", justify="right")
     for key in KEY_METRICS:
-        metric = report.metrics[key]
-        interval = (
-            f"[{_format(metric.low)}, {_format(metric.high)}]"
-            if isinstance(metric, Estimate)
-            else ""
-        )
+        interval = _interval(report.metrics[key])
         label = key
         if key == "retrieval_accuracy":
             label += f" (chance {report.value('retrieval_chance_level'):.3f})"
@@ -75,17 +85,20 @@ def metrics_table(report: Report) -> Table:
     return table
 
 
-def verdict_line(report: Report) -> Text:
+def regime_text(report: Report) -> Text:
     verdict = report.verdict
     name = verdict.regime
     if verdict.style:
         name += f" ({verdict.style})"
     if verdict.partial:
         name += " (partial)"
-    style = REGIME_STYLES.get(verdict.regime, COLLAPSE_STYLE)
+    return Text(name, style=REGIME_STYLES.get(verdict.regime, COLLAPSE_STYLE))
+
+
+def verdict_line(report: Report) -> Text:
     line = Text("verdict: ", style="bold")
-    line.append(name, style=style)
-    line.append(f" — {verdict.reason}")
+    line.append_text(regime_text(report))
+    line.append(f" — {report.verdict.reason}")
     return line
 
 
@@ -105,3 +118,68 @@ def print_report(console: Console, report: Report) -> None:
             title = Text(f"prompt {example['prompt_index']}: {example['prompt']}"[:EXAMPLE_TITLE])
             reasoning = Text(example["reasoning"][:EXAMPLE_CHARS])
             console.print(Panel(reasoning, title=title, title_align="left"))
+
+
+RUN_COLUMNS = (
+    ("normalized MI", "normalized_mi"),
+    ("retrieval skill", "retrieval_skill"),
+    ("H(Z|X) nats", "conditional_entropy_seq_est"),
+    ("z-score EMA", "mi_zscore_ema_seq"),
+)
+
+
+def print_run(console: Console, run: RunReport) -> None:
+    """One row per checkpoint, then the onset and the latest checkpoint's verdict."""
+    table = Table(title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False)
+    table.add_column("step")
+    for title, _ in RUN_COLUMNS:
+        table.add_column(title, justify="right")
+    table.add_column("MI 95%", justify="right")
+    table.add_column("regime")
+    table.add_column("")
+    for step in run.steps:
+        metrics = step.report.metrics
+        cells = [_format(point_value(metrics[key])) for _, key in RUN_COLUMNS]
+        cells.append(_interval(metrics["normalized_mi"]))
+        cached = "cached" if step.report.timing.get("cached") else ""
+        table.add_row(step.checkpoint.label, *cells, regime_text(step.report), cached)
+    console.print(table)
+    line = Text("onset: ", style="bold")
+    if run.onset is None:
+        line.append("none — no checkpoint collapsed or lost input dependence significantly")
+    else:
+        line.append(f"step {run.onset_step}", style=COLLAPSE_STYLE)
+        line.append(f" — {run.onset.reason}")
+    console.print(line)
+    latest = run.steps[-1]
+    console.print(Text(f"latest checkpoint ({latest.checkpoint.label}):", style="bold"))
+    console.print(verdict_line(latest.report))
+
+
+def print_comparison(console: Console, comparison: Comparison) -> None:
+    table = Table(title="collapsecheck compare", title_justify="left", show_edge=False)
+    for column in ("metric", "A", "B", "B - A", "95% interval of B - A"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for key, delta in comparison.deltas.items():
+        table.add_row(
+            key,
+            _format(comparison.a.value(key)),
+            _format(comparison.b.value(key)),
+            f"{delta.value:+.3f}",
+            _interval(delta),
+        )
+    console.print(table)
+    for name, report in (("A", comparison.a), ("B", comparison.b)):
+        line = Text(f"{name}: ", style="bold")
+        line.append_text(regime_text(report))
+        line.append(f"  {report.settings.get('checkpoint', '')}", style="dim")
+        console.print(line)
+    method = (
+        "paired bootstrap over prompts"
+        if comparison.paired
+        else ("unpaired approximation from the reports' intervals (no dumps to pair)")
+    )
+    console.print(f"intervals: {method}", style="dim")
+    console.print(
+        Text(comparison.reason, style=COLLAPSE_STYLE if comparison.lost else "bold green")
+    )

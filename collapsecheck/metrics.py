@@ -9,6 +9,7 @@ One code path therefore gives the estimate and its interval.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -222,7 +223,34 @@ def _metrics_from_weights(
 def bootstrap_prompt_weights(num_prompts: int, resamples: int, seed: int) -> np.ndarray:
     """(resamples, N) draw counts of each prompt: resampling prompts with replacement."""
     rng = np.random.default_rng(seed)
-    return rng.multinomial(num_prompts, np.full(num_prompts, 1.0 / num_prompts), size=resamples)
+    draws = rng.multinomial(num_prompts, np.full(num_prompts, 1.0 / num_prompts), size=resamples)
+    return draws.astype(float)
+
+
+def _draws(
+    rows: Mapping[str, np.ndarray],
+    scores: CrossLogProbs,
+    counts: PromptCounts,
+    prompt_weights: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Every mean-type metric under each row of prompt weights."""
+    row_weights = prompt_weights[:, scores.row_prompt]
+    return _metrics_from_weights(rows, counts, row_weights, prompt_weights, scores.num_prompts)
+
+
+def _interval(draws: np.ndarray) -> tuple[float, float]:
+    """95% percentile interval of bootstrap draws (NaN with no draws)."""
+    if draws.size == 0:
+        return math.nan, math.nan
+    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _check_prompts(scores: CrossLogProbs) -> int:
+    n = scores.num_prompts
+    if n < 2:
+        raise ValueError(f"cross-scoring needs at least 2 prompts, got {n}")
+    return n
 
 
 def compute_metrics(
@@ -237,24 +265,47 @@ def compute_metrics(
     The bootstrap resamples prompts with all their traces while the columns stay fixed
     (SPEC "95% intervals"); it is seeded, so the same inputs give the same intervals.
     """
-    n = scores.num_prompts
-    if n < 2:
-        raise ValueError(f"cross-scoring needs at least 2 prompts, got {n}")
+    n = _check_prompts(scores)
     rows = _row_statistics(scores)
-    point = _metrics_from_weights(
-        rows, counts, np.ones((1, len(scores.row_prompt))), np.ones((1, n)), n
-    )
-    prompt_w = bootstrap_prompt_weights(n, resamples, seed).astype(float)
-    boot = _metrics_from_weights(rows, counts, prompt_w[:, scores.row_prompt], prompt_w, n)
-
+    point = _draws(rows, scores, counts, np.ones((1, n)))
+    boot = _draws(rows, scores, counts, bootstrap_prompt_weights(n, resamples, seed))
     metrics: dict[str, MetricValue] = {"mi_upper_bound": float(np.log(n))}
     for key, value in point.items():
-        low, high = np.nanpercentile(boot[key], [2.5, 97.5]) if resamples else (np.nan, np.nan)
-        metrics[key] = Estimate(float(value[0]), float(low), float(high))
+        metrics[key] = Estimate(float(value[0]), *_interval(boot[key]))
     for k in (1, *RETRIEVAL_KS):
         metrics[f"retrieval_chance_level{_suffix(k)}"] = float(rows[f"chance@{k}"].mean())
     apply_run_ema([metrics])
     return metrics
+
+
+def paired_differences(
+    first: tuple[CrossLogProbs, PromptCounts],
+    second: tuple[CrossLogProbs, PromptCounts],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, Estimate]:
+    """second minus first for every mean-type metric, with a paired bootstrap interval.
+
+    Both scans must cover the same prompts in the same order: each resample draws the same
+    prompts for both, so what the prompts have in common cancels out of the difference.
+    """
+    (scores_a, counts_a), (scores_b, counts_b) = first, second
+    n = _check_prompts(scores_a)
+    if scores_b.num_prompts != n:
+        raise ValueError(f"the scans cover {n} and {scores_b.num_prompts} prompts")
+    rows_a, rows_b = _row_statistics(scores_a), _row_statistics(scores_b)
+    ones, weights = np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)
+    point_a = _draws(rows_a, scores_a, counts_a, ones)
+    point_b = _draws(rows_b, scores_b, counts_b, ones)
+    boot_a = _draws(rows_a, scores_a, counts_a, weights)
+    boot_b = _draws(rows_b, scores_b, counts_b, weights)
+    return {
+        key: Estimate(
+            float(point_b[key][0] - point_a[key][0]), *_interval(boot_b[key] - boot_a[key])
+        )
+        for key in point_a
+    }
 
 
 def apply_run_ema(run: list[dict[str, MetricValue]], decay: float = EMA_DECAY) -> None:

@@ -41,6 +41,8 @@ def _x_positions(run: RunReport) -> tuple[np.ndarray, str]:
 
 
 def _along_steps(ax, run: RunReport) -> None:
+    from matplotlib.patches import Patch
+
     x, xlabel = _x_positions(run)
     edges = np.concatenate(
         [
@@ -49,8 +51,14 @@ def _along_steps(ax, run: RunReport) -> None:
             [x[-1] + 0.5 * (x[-1] - x[-2]) if len(x) > 1 else x[-1] + 0.5],
         ]
     )
-    for i, step in enumerate(run.steps):
-        ax.axvspan(edges[i], edges[i + 1], color=REGIME_COLOURS[step.report.verdict.regime], lw=0)
+    # the entropy axis lies underneath: it carries the regime bands, the input-dependence
+    # lines are drawn over both
+    entropy_ax = ax.twinx()
+    ax.set_zorder(entropy_ax.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    regimes = [step.report.verdict.regime for step in run.steps]
+    for i, regime in enumerate(regimes):
+        entropy_ax.axvspan(edges[i], edges[i + 1], color=REGIME_COLOURS[regime], lw=0)
     thresholds = run.steps[0].report.thresholds
     for level in (thresholds.dependence_high, thresholds.dependence_collapsed):
         ax.axhline(level, color="0.55", lw=0.8, ls=":")
@@ -68,7 +76,6 @@ def _along_steps(ax, run: RunReport) -> None:
     if len(x) <= 12:
         ax.set_xticks(x, [s.checkpoint.label for s in run.steps])
 
-    entropy_ax = ax.twinx()
     values, low, high = _series(run, "conditional_entropy_seq_est")
     entropy_ax.fill_between(x, low, high, color="#2e7d32", alpha=0.15, lw=0)
     entropy_ax.plot(x, values, "s--", color="#2e7d32", ms=4, label="H(Z|X) (right axis)")
@@ -78,10 +85,16 @@ def _along_steps(ax, run: RunReport) -> None:
     if run.onset is not None:
         onset_x = x[run.onset.index]
         ax.axvline(onset_x, color="black", lw=1.2, ls="--")
-        ax.annotate("onset", (onset_x, 1.02), ha="center", va="bottom", fontsize=9)
-    handles = ax.get_legend_handles_labels()
-    more = entropy_ax.get_legend_handles_labels()
-    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="lower left", fontsize=8)
+        ax.annotate(" onset", (onset_x, 1.03), ha="left", va="top", fontsize=9, fontweight="bold")
+    handles, labels = ax.get_legend_handles_labels()
+    more_handles, more_labels = entropy_ax.get_legend_handles_labels()
+    bands = [r for r in REGIME_COLOURS if r in regimes]
+    handles += more_handles + [Patch(color=REGIME_COLOURS[r]) for r in bands]
+    labels += more_labels + [REGIME_NAMES[r] for r in bands]
+    ax.legend(
+        handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8,
+        frameon=False,
+    )  # fmt: skip
     ax.set_title("Along the run (bands: verdict at each checkpoint)", fontsize=10)
 
 

@@ -1,0 +1,117 @@
+"""Is checkpoint B worse than checkpoint A beyond noise? Deltas of the key metrics with a
+paired bootstrap over prompts (both scans' dumps at hand), else an unpaired approximation from
+the two reports' intervals."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from collapsecheck.dump import MATRIX_FILE, read_dump
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.metrics import (
+    DEFAULT_RESAMPLES,
+    Estimate,
+    interval_bounds,
+    paired_differences,
+    point_value,
+)
+from collapsecheck.report import Report, metric_to_json
+from collapsecheck.verdict import DEPENDENCE_KEYS
+
+COMPARE_KEYS = (
+    "normalized_mi",
+    "retrieval_skill",
+    "retrieval_accuracy",
+    "mi_seq_estimate",
+    "conditional_entropy_seq_est",
+    "effective_traces_per_prompt",
+    "distinct_reasoning_rate",
+    "valid_reasoning_rate",
+)
+SAME_PROMPTS_KEYS = ("prompts_sha256", "num_prompts", "as_chat")
+
+
+@dataclass
+class Comparison:
+    a: Report
+    b: Report
+    deltas: dict[str, Estimate]
+    paired: bool
+    lost: bool
+    reason: str
+    max_drop: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": {
+                "checkpoint": self.a.settings.get("checkpoint"),
+                "verdict": self.a.verdict.to_dict(),
+            },
+            "b": {
+                "checkpoint": self.b.settings.get("checkpoint"),
+                "verdict": self.b.verdict.to_dict(),
+            },
+            "paired": self.paired,
+            "max_drop": self.max_drop,
+            "lost_input_dependence": self.lost,
+            "reason": self.reason,
+            "metrics": {
+                key: {
+                    "a": metric_to_json(self.a.metrics[key]),
+                    "b": metric_to_json(self.b.metrics[key]),
+                    "delta": metric_to_json(delta),
+                }
+                for key, delta in self.deltas.items()
+            },
+        }
+
+
+def _can_pair(a: Report, b: Report) -> bool:
+    same_prompts = all(a.settings.get(k) == b.settings.get(k) for k in SAME_PROMPTS_KEYS)
+    have_dumps = all(r.dump_dir and (r.dump_dir / MATRIX_FILE).is_file() for r in (a, b))
+    return same_prompts and bool(have_dumps)
+
+
+def _unpaired_delta(a: Any, b: Any) -> Estimate:
+    """B - A with a normal-approximation interval from the two intervals' half-widths."""
+    (a_low, a_high), (b_low, b_high) = interval_bounds(a), interval_bounds(b)
+    half = math.hypot((a_high - a_low) / 2, (b_high - b_low) / 2)
+    delta = point_value(b) - point_value(a)
+    return Estimate(delta, delta - half, delta + half)
+
+
+def _describe(key: str, delta: Estimate) -> str:
+    return f"{key} {delta.value:+.3f} [{delta.low:+.3f}, {delta.high:+.3f}]"
+
+
+def compare_reports(
+    a: Report,
+    b: Report,
+    *,
+    max_drop: float = 0.0,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> Comparison:
+    """B lost input dependence when every dependence metric (normalized MI, retrieval skill)
+    fell by more than `max_drop` with its whole 95% interval of the change below -max_drop."""
+    if max_drop < 0:
+        raise CollapsecheckError(f"--max-drop must be >= 0, got {max_drop}")
+    paired = _can_pair(a, b)
+    if paired:
+        deltas = paired_differences(
+            read_dump(a.dump_dir), read_dump(b.dump_dir), resamples=resamples, seed=seed
+        )
+        deltas = {key: deltas[key] for key in COMPARE_KEYS}
+    else:
+        deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
+    dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
+    lost = len(dropped) == len(DEPENDENCE_KEYS)
+    changes = "; ".join(_describe(key, deltas[key]) for key in DEPENDENCE_KEYS)
+    tolerance = f" by more than {max_drop:g}" if max_drop else ""
+    if lost:
+        reason = f"B lost input dependence relative to A beyond noise{tolerance}: {changes}"
+    else:
+        reason = f"B did not lose input dependence relative to A beyond noise{tolerance}: {changes}"
+    return Comparison(a, b, deltas, paired, lost, reason, max_drop)

@@ -302,7 +302,8 @@ def scan(
             if json_path is not None:
                 report.save(json_path)
         if markdown is not None:
-            write_text_atomic(markdown, markdown_report(title, report, results))
+            summary = markdown_report(title, report, results, run_report if run else None)
+            write_text_atomic(markdown, summary)
     if run:
         print_run(stdout, run_report)
     else:

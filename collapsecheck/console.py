@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -22,7 +21,7 @@ from rich.text import Text
 
 from collapsecheck.compare import Comparison
 from collapsecheck.metrics import Estimate, MetricValue, point_value
-from collapsecheck.report import KEY_METRICS, Report
+from collapsecheck.report import KEY_METRICS, Report, format_number
 from collapsecheck.runs import RunReport
 from collapsecheck.scan import ProgressHook
 from collapsecheck.verdict import GROUNDED, INCONCLUSIVE
@@ -60,9 +59,7 @@ def progress_bars(console: Console) -> Iterator[ProgressHook]:
 
 
 def _format(x: float) -> str:
-    if math.isnan(x):
-        return "-"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
+    return format_number(x)
 
 
 def _interval(metric: MetricValue) -> str:
@@ -121,10 +118,10 @@ def print_report(console: Console, report: Report) -> None:
 
 
 RUN_COLUMNS = (
-    ("normalized MI", "normalized_mi"),
-    ("retrieval skill", "retrieval_skill"),
-    ("H(Z|X) nats", "conditional_entropy_seq_est"),
-    ("z-score EMA", "mi_zscore_ema_seq"),
+    ("norm. MI", "normalized_mi"),
+    ("skill", "retrieval_skill"),
+    ("H(Z|X)", "conditional_entropy_seq_est"),
+    ("z EMA", "mi_zscore_ema_seq"),
 )
 
 
@@ -133,17 +130,20 @@ def print_run(console: Console, run: RunReport) -> None:
     table = Table(title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False)
     table.add_column("step")
     for title, _ in RUN_COLUMNS:
-        table.add_column(title, justify="right")
-    table.add_column("MI 95%", justify="right")
+        table.add_column(title, justify="right", no_wrap=True)
+    table.add_column("norm. MI 95%", justify="right", no_wrap=True)
     table.add_column("regime")
-    table.add_column("")
     for step in run.steps:
         metrics = step.report.metrics
         cells = [_format(point_value(metrics[key])) for _, key in RUN_COLUMNS]
         cells.append(_interval(metrics["normalized_mi"]))
-        cached = "cached" if step.report.timing.get("cached") else ""
-        table.add_row(step.checkpoint.label, *cells, regime_text(step.report), cached)
+        table.add_row(step.checkpoint.label, *cells, regime_text(step.report))
     console.print(table)
+    cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
+    if cached:
+        console.print(
+            f"{cached} of {len(run.steps)} checkpoints answered from the cache", style="dim"
+        )
     line = Text("onset: ", style="bold")
     if run.onset is None:
         line.append("none — no checkpoint collapsed or lost input dependence significantly")

@@ -13,7 +13,10 @@ from collapsecheck.config import GateConfig
 from collapsecheck.dump import write_text_atomic
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import Estimate
-from collapsecheck.report import KEY_METRICS, Report
+from collapsecheck.report import KEY_METRICS, Report, format_number
+from collapsecheck.runs import RunReport
+
+RUN_KEYS = ("normalized_mi", "retrieval_skill", "conditional_entropy_seq_est")
 
 
 @dataclass(frozen=True)
@@ -76,16 +79,37 @@ def write_junit(path: Path, suite: str, results: Sequence[RuleResult]) -> Path:
 def _cell(report: Report, key: str) -> str:
     metric = report.metrics[key]
     if isinstance(metric, Estimate):
-        return f"{metric.value:.3f} [{metric.low:.3f}, {metric.high:.3f}]"
-    return f"{float(metric):.3f}"
+        low, high = format_number(metric.low), format_number(metric.high)
+        return f"{format_number(metric.value)} [{low}, {high}]"
+    return format_number(float(metric))
 
 
-def markdown_report(title: str, report: Report, results: Sequence[RuleResult]) -> str:
-    """A summary of one report and its gate, fit for a PR comment or a job summary."""
+def markdown_run(run: RunReport) -> list[str]:
+    """The run's table and onset, in Markdown."""
+    lines = [
+        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/trace | regime |",
+        "|---|---|---|---|---|",
+    ]
+    for step in run.steps:
+        report = step.report
+        cells = [_cell(report, key) for key in RUN_KEYS]
+        lines.append(
+            f"| {step.checkpoint.label} | {' | '.join(cells)} | `{report.verdict.regime}` |"
+        )
+    onset = f"step {run.onset_step}: {run.onset.reason}" if run.onset else "none"
+    return [*lines, "", f"**Onset:** {onset}", ""]
+
+
+def markdown_report(
+    title: str, report: Report, results: Sequence[RuleResult], run: RunReport | None = None
+) -> str:
+    """A summary of one report and its gate (and of the run it ends), fit for a pull-request
+    comment or a job summary."""
     status = "passed" if not failures(results) else "failed"
     lines = [
         f"## collapsecheck: {title}",
         "",
+        *(markdown_run(run) if run is not None else []),
         f"**Verdict: `{report.verdict.regime}`**"
         + (f" ({report.verdict.style})" if report.verdict.style else "")
         + (" (partial)" if report.verdict.partial else "")

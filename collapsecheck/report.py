@@ -29,6 +29,13 @@ KEY_METRICS = (
 )
 
 
+def format_number(x: float) -> str:
+    """A metric value for people: 3 decimals, or thousands separators for large counts."""
+    if math.isnan(x):
+        return "-"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
+
+
 def _json_number(x: float) -> float | None:
     """JSON has no NaN: an undefined number is written as null."""
     return None if math.isnan(x) or math.isinf(x) else x

@@ -50,3 +50,9 @@ def random_checkpoint(request, tmp_path_factory, demo_tokenizer):
     model.save_pretrained(path)
     demo_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Scans through the results cache write under a temporary directory, never to ~/.cache."""
+    monkeypatch.setenv("COLLAPSECHECK_CACHE", str(tmp_path_factory.mktemp("cache")))

@@ -8,7 +8,9 @@ stderr naming the file, line or option at fault).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +30,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
     help="Detect template collapse in RL-trained LLM agents (see docs/SPEC.md).",
 )
 stdout = Console()
@@ -114,46 +117,84 @@ Junit = Annotated[Path | None, typer.Option(help="Write JUnit XML, one test case
 Markdown = Annotated[Path | None, typer.Option(help="Write a Markdown summary.")]
 
 
-def scan_options(
-    *,
-    samples: int,
-    num_prompts: int | None,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-    reasoning_tags: str | None,
-    reasoning_regex: str | None,
-    whole_response: bool,
-    as_chat: bool,
-    prompt_field: str | None,
-    device: str,
-    dtype: str,
-    scorer: str,
-    batch_tokens: int,
-    sample_batch: int,
-    bootstrap: int,
-) -> dict[str, Any]:
-    """The keyword arguments of `collapsecheck.scan` from the command line's options."""
-    if bootstrap < 0:
-        raise CollapsecheckError(f"--bootstrap must be >= 0, got {bootstrap}")
+def _keyword(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+# The options shared by `scan` and `compare`, declared once (name, typer annotation, default).
+SCAN_PARAMETERS = [
+    _keyword("samples", Samples, 8),
+    _keyword("num_prompts", NumPrompts, None),
+    _keyword("max_new_tokens", MaxNewTokens, 256),
+    _keyword("temperature", Temperature, 1.0),
+    _keyword("top_p", TopP, 1.0),
+    _keyword("seed", Seed, 0),
+    _keyword("reasoning_tags", ReasoningTags, None),
+    _keyword("reasoning_regex", ReasoningRegex, None),
+    _keyword("whole_response", WholeResponse, False),
+    _keyword("as_chat", AsChat, False),
+    _keyword("prompt_field", PromptField, None),
+    _keyword("device", Device, "auto"),
+    _keyword("dtype", Dtype, "auto"),
+    _keyword("scorer", Scorer, "cached"),
+    _keyword("batch_tokens", BatchTokens, DEFAULT_BATCH_TOKENS),
+    _keyword("sample_batch", SampleBatch, DEFAULT_SAMPLE_ROWS),
+    _keyword("bootstrap", Bootstrap, DEFAULT_RESAMPLES),
+]
+
+
+def scan_options(values: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `collapsecheck.scan` from the shared options' values."""
+    if values["bootstrap"] < 0:
+        raise CollapsecheckError(f"--bootstrap must be >= 0, got {values['bootstrap']}")
     return {
-        "k": samples,
-        "num_prompts": num_prompts,
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "seed": seed,
-        "reasoning": reasoning_spec(reasoning_tags, reasoning_regex, whole_response),
-        "as_chat": as_chat,
-        "prompt_field": prompt_field,
-        "device": device,
-        "dtype": dtype,
-        "scorer": scorer,
-        "batch_tokens": batch_tokens,
-        "sample_rows": sample_batch,
-        "resamples": bootstrap,
+        "k": values["samples"],
+        "num_prompts": values["num_prompts"],
+        "max_new_tokens": values["max_new_tokens"],
+        "temperature": values["temperature"],
+        "top_p": values["top_p"],
+        "seed": values["seed"],
+        "reasoning": reasoning_spec(
+            values["reasoning_tags"], values["reasoning_regex"], values["whole_response"]
+        ),
+        "as_chat": values["as_chat"],
+        "prompt_field": values["prompt_field"],
+        "device": values["device"],
+        "dtype": values["dtype"],
+        "scorer": values["scorer"],
+        "batch_tokens": values["batch_tokens"],
+        "sample_rows": values["sample_batch"],
+        "resamples": values["bootstrap"],
     }
+
+
+def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the shared scan options; it receives them as `options`, the keyword
+    arguments of `collapsecheck.scan`."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in signature.parameters.values()
+        if p.name != "options"
+    ]
+    # arguments and --prompts first, then the shared options, then the command's own
+    leading = [p for p in own if p.default is inspect.Parameter.empty or p.name == "prompts"]
+    trailing = [p for p in own if p not in leading]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        values = {p.name: kwargs.pop(p.name) for p in SCAN_PARAMETERS}
+        with user_errors():
+            options = scan_options(values)
+        command(options=options, **kwargs)
+
+    parameters = leading + SCAN_PARAMETERS + trailing
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {}
+    del wrapper.__wrapped__  # typer must read the new signature, not the command's
+    return wrapper
 
 
 def require_prompts(prompts: Path | None) -> Path:
@@ -178,28 +219,13 @@ def finish_gate(
 
 
 @app.command()
+@with_scan_options
 def scan(
     checkpoint: Annotated[
         Path, typer.Argument(help="A checkpoint directory, or a run directory of checkpoints.")
     ],
+    options: dict[str, Any],
     prompts: Prompts = None,
-    samples: Samples = 8,
-    num_prompts: NumPrompts = None,
-    max_new_tokens: MaxNewTokens = 256,
-    temperature: Temperature = 1.0,
-    top_p: TopP = 1.0,
-    seed: Seed = 0,
-    reasoning_tags: ReasoningTags = None,
-    reasoning_regex: ReasoningRegex = None,
-    whole_response: WholeResponse = False,
-    as_chat: AsChat = False,
-    prompt_field: PromptField = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    scorer: Scorer = "cached",
-    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
-    sample_batch: SampleBatch = DEFAULT_SAMPLE_ROWS,
-    bootstrap: Bootstrap = DEFAULT_RESAMPLES,
     dependence_high: Annotated[
         float | None, typer.Option(help="Input dependence is high at or above this [0.7].")
     ] = None,
@@ -257,13 +283,6 @@ def scan(
                 "conditional_entropy_seq_est": min_conditional_entropy,
             },
         )
-        options = scan_options(
-            samples=samples, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_p=top_p, seed=seed, reasoning_tags=reasoning_tags,
-            reasoning_regex=reasoning_regex, whole_response=whole_response, as_chat=as_chat,
-            prompt_field=prompt_field, device=device, dtype=dtype, scorer=scorer,
-            batch_tokens=batch_tokens, sample_batch=sample_batch, bootstrap=bootstrap,
-        )  # fmt: skip
         prompt_file = require_prompts(prompts)
         model_dir, run = find_checkpoints(checkpoint)
         if dump is not None and (run or out is not None):
@@ -313,27 +332,12 @@ def scan(
 
 
 @app.command()
+@with_scan_options
 def compare(
     a: Annotated[Path, typer.Argument(help="Checkpoint A (the baseline), or its report.json.")],
     b: Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")],
+    options: dict[str, Any],
     prompts: Prompts = None,
-    samples: Samples = 8,
-    num_prompts: NumPrompts = None,
-    max_new_tokens: MaxNewTokens = 256,
-    temperature: Temperature = 1.0,
-    top_p: TopP = 1.0,
-    seed: Seed = 0,
-    reasoning_tags: ReasoningTags = None,
-    reasoning_regex: ReasoningRegex = None,
-    whole_response: WholeResponse = False,
-    as_chat: AsChat = False,
-    prompt_field: PromptField = None,
-    device: Device = "auto",
-    dtype: Dtype = "auto",
-    scorer: Scorer = "cached",
-    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
-    sample_batch: SampleBatch = DEFAULT_SAMPLE_ROWS,
-    bootstrap: Bootstrap = DEFAULT_RESAMPLES,
     max_drop: Annotated[
         float | None,
         typer.Option(help="Tolerated drop of normalized MI and retrieval skill [0]."),
@@ -362,13 +366,6 @@ def compare(
 
     with user_errors():
         gate = load_gate(config, max_drop=max_drop)
-        options = scan_options(
-            samples=samples, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_p=top_p, seed=seed, reasoning_tags=reasoning_tags,
-            reasoning_regex=reasoning_regex, whole_response=whole_response, as_chat=as_chat,
-            prompt_field=prompt_field, device=device, dtype=dtype, scorer=scorer,
-            batch_tokens=batch_tokens, sample_batch=sample_batch, bootstrap=bootstrap,
-        )  # fmt: skip
 
         def obtain(path: Path, progress: Any) -> Report:
             if path.is_file():
@@ -390,7 +387,11 @@ def compare(
         with progress_bars(stderr) as progress:
             first, second = obtain(a, progress), obtain(b, progress)
         comparison = compare_reports(
-            first, second, max_drop=gate.max_drop, resamples=bootstrap, seed=seed
+            first,
+            second,
+            max_drop=gate.max_drop,
+            resamples=options["resamples"],
+            seed=options["seed"],
         )
         results = [RuleResult("input dependence kept", not comparison.lost, comparison.reason)]
         if json_path is not None:

@@ -100,7 +100,9 @@ PromptField = Annotated[
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")]
 Dtype = Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")]
 Scorer = Annotated[str, typer.Option(help="cached (default) or naive (reference).")]
-BatchTokens = Annotated[int, typer.Option(help="Tokens per scoring batch (batch x length).")]
+BatchTokens = Annotated[
+    str, typer.Option(help="Tokens per scoring batch (batch x length), or auto (fit the memory).")
+]
 SampleBatch = Annotated[int, typer.Option(help="Sequences decoded together while sampling.")]
 Bootstrap = Annotated[int, typer.Option(help="Bootstrap resamples.")]
 Config = Annotated[

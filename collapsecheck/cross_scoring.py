@@ -34,12 +34,17 @@ def column_groups(prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
 def cross_requests(
     traces: Sequence[Trace], contexts: Sequence[Sequence[int]]
 ) -> list[ScoreRequest]:
-    """One request per (trace, context) pair, trace-major."""
-    return [
-        ScoreRequest(tuple(context), t.prefix_ids + t.reasoning_ids, len(t.prefix_ids))
-        for t in traces
-        for context in contexts
-    ]
+    """One request per (trace, context) pair, trace-major. Each trace's continuation and each
+    context is one shared tuple, so the requests hold M + N sequences, not M x N."""
+    shared_contexts = [tuple(context) for context in contexts]
+    requests = []
+    for trace in traces:
+        continuation = trace.prefix_ids + trace.reasoning_ids
+        requests += [
+            ScoreRequest(context, continuation, len(trace.prefix_ids))
+            for context in shared_contexts
+        ]
+    return requests
 
 
 def request_count(traces: Sequence[Trace], prompt_ids: Sequence[Sequence[int]]) -> int:

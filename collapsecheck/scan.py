@@ -103,7 +103,7 @@ def scan(
     device: str = "auto",
     dtype: str = "auto",
     scorer: str = "cached",
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
     as_chat: bool = False,
     prompt_field: str | None = None,

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from collapsecheck.backends.base import ScoreRequest, no_progress
-from collapsecheck.backends.hf import TransformersBackend, length_batches
+from collapsecheck.backends.hf import TransformersBackend, common_prefix_length, length_batches
+from collapsecheck.errors import CollapsecheckError
 
 TOLERANCE = 1e-4  # nats per trace, float32 (the scan issue's bound)
 
@@ -57,3 +58,70 @@ def test_length_batches_respect_the_token_budget():
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for batch in batches:
         assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 40
+
+
+def system_prompt_requests():
+    """Contexts that all begin with one long system prompt, then differ."""
+    rng = np.random.default_rng(1)
+    system = tuple(rng.integers(5, 50, size=25).tolist())
+    contexts = [system + tuple(rng.integers(5, 50, size=n).tolist()) for n in (4, 9, 1)]
+    return [
+        ScoreRequest(context, tuple(rng.integers(5, 50, size=length).tolist()), 1)
+        for context in contexts
+        for length in (3, 11)
+    ]
+
+
+def record_batch_shapes(model):
+    shapes = []
+
+    def hook(module, args, kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+
+    return shapes, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_common_system_prompt_is_computed_once_and_exactly(random_checkpoint):
+    requests = system_prompt_requests()
+    backend = TransformersBackend.from_checkpoint(random_checkpoint, device="cpu", dtype="float32")
+    shapes, handle = record_batch_shapes(backend.model)
+    scores = backend.loglikelihood(requests, no_progress)
+    handle.remove()
+    expected = np.array([reference(backend.model, r) for r in requests])
+    assert np.abs(scores - expected).max() < TOLERANCE
+    # the shared 25 tokens once, then only each prompt's own tokens and the continuations
+    assert shapes[0] == (1, 25)
+    assert [s for s in shapes[1:] if s[0] == 1] == [(1, 4), (1, 9), (1, 1)]
+    assert [s for s in shapes[1:] if s[0] == 2] == [(2, 11)] * 3
+    assert len(shapes) == 7
+    assert common_prefix_length([(1, 2, 3), (1, 2, 4), (1, 2)]) == 1
+    assert common_prefix_length([(7, 8), (9,)]) == 0
+
+
+@pytest.mark.parametrize("scorer", ["cached", "naive"])
+def test_out_of_memory_splits_the_batch_and_stays_exact(random_checkpoint, scorer):
+    """A real model that runs out of memory above two sequences: the guard halves the batch."""
+    requests = requests_with_padding()
+    backend = TransformersBackend.from_checkpoint(
+        random_checkpoint, device="cpu", dtype="float32", scorer=scorer, batch_tokens=4096
+    )
+
+    def out_of_memory_above_two(module, args, kwargs):
+        if kwargs["input_ids"].shape[0] > 2:
+            raise torch.OutOfMemoryError("simulated: CUDA out of memory")
+
+    handle = backend.model.register_forward_pre_hook(out_of_memory_above_two, with_kwargs=True)
+    try:
+        scores = backend.loglikelihood(requests, no_progress)
+    finally:
+        handle.remove()
+    expected = np.array([reference(backend.model, r) for r in requests])
+    assert np.abs(scores - expected).max() < TOLERANCE
+    assert backend.batch_tokens < 4096
+
+
+def test_auto_batch_tokens_fits_the_model(random_checkpoint):
+    backend = TransformersBackend.from_checkpoint(random_checkpoint, device="cpu")
+    assert 256 <= backend.batch_tokens <= 2**17
+    with pytest.raises(CollapsecheckError, match="--batch-tokens must be auto or a number"):
+        TransformersBackend.from_checkpoint(random_checkpoint, device="cpu", batch_tokens="lots")

@@ -15,8 +15,8 @@ from collapsecheck.errors import CollapsecheckError
 
 Progress = Callable[[int], None]
 
-# Tokens per scoring batch (batch size x longest sequence) unless the user sets another.
-DEFAULT_BATCH_TOKENS = 4096
+# Tokens per scoring batch (batch size x longest sequence): "auto" sizes it to the memory.
+DEFAULT_BATCH_TOKENS = "auto"
 # Sequences decoded together while sampling (prompts per batch = this // K).
 DEFAULT_SAMPLE_ROWS = 128
 

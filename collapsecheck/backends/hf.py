@@ -9,8 +9,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,60 @@ def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int
         batch.append(index)
     if batch:
         yield batch
+
+
+AUTO = "auto"
+CPU_SCORING_BUDGET = 2 * 2**30  # bytes of activations a CPU scoring batch may use
+GPU_BUDGET_SHARE = 0.5  # share of the free GPU memory a scoring batch may use
+
+
+def auto_batch_tokens(model: Any) -> int:
+    """Tokens per scoring batch that fit the memory at hand: a budget (half the free GPU
+    memory, or 2 GiB on CPU) over a per-token estimate (float32 logits and their log-softmax
+    work space, key/values, activations). A heuristic: the out-of-memory guard backs it up."""
+    config = model.config.get_text_config()
+    element = next(model.parameters()).element_size()
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    per_token = (
+        4 * config.vocab_size * 4  # logits (float32), log-softmax temporaries
+        + 2 * layers * heads * head_dim * element  # keys and values
+        + 16 * hidden * element  # activations of one layer
+    )
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * GPU_BUDGET_SHARE
+    else:
+        budget = CPU_SCORING_BUDGET
+    return int(min(max(budget // per_token, 256), 2**17))
+
+
+def resolve_batch_tokens(value: int | str, model: Any) -> int:
+    if value == AUTO:
+        return auto_batch_tokens(model)
+    try:
+        tokens = int(value)
+    except ValueError:
+        raise CollapsecheckError(
+            f"--batch-tokens must be auto or a number, got {value!r}"
+        ) from None
+    if tokens < 1:
+        raise CollapsecheckError(f"--batch-tokens must be at least 1, got {tokens}")
+    return tokens
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the prefix all sequences share, kept shorter than the shortest one so that
+    every sequence still has a token of its own to predict from."""
+    if not sequences:
+        return 0
+    shortest = min(len(s) for s in sequences)
+    length = 0
+    while length < shortest - 1 and all(s[length] == sequences[0][length] for s in sequences):
+        length += 1
+    return length
 
 
 def token_logprob_sums(
@@ -100,21 +155,19 @@ class TransformersBackend:
         tokenizer: Any,
         *,
         scorer: str = "cached",
-        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
         sample_rows: int = DEFAULT_SAMPLE_ROWS,
     ) -> None:
         if scorer not in SCORERS:
             raise CollapsecheckError(
                 f"--scorer must be one of {', '.join(SCORERS)}, got {scorer!r}"
             )
-        if batch_tokens < 1:
-            raise CollapsecheckError(f"--batch-tokens must be at least 1, got {batch_tokens}")
         if sample_rows < 1:
             raise CollapsecheckError(f"--sample-batch must be at least 1, got {sample_rows}")
         self.model = model
         self.tokenizer = tokenizer
         self.scorer = scorer
-        self.batch_tokens = batch_tokens
+        self.batch_tokens = resolve_batch_tokens(batch_tokens, model)
         self.sample_rows = sample_rows
         self.device = str(next(model.parameters()).device)
         self.stop_ids = self._stop_token_ids()
@@ -128,7 +181,7 @@ class TransformersBackend:
         device: str = "auto",
         dtype: str = "auto",
         scorer: str = "cached",
-        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
         sample_rows: int = DEFAULT_SAMPLE_ROWS,
     ) -> TransformersBackend:
         path = check_checkpoint_dir(path)
@@ -267,12 +320,42 @@ class TransformersBackend:
             self._score_cached(requests, out, progress)
         return out
 
+    def _score_batches(
+        self,
+        members: Sequence[int],
+        lengths: Sequence[int],
+        score: Callable[[list[int]], np.ndarray],
+        out: np.ndarray,
+        progress: Progress,
+    ) -> None:
+        """Score `members` in length-packed batches. On a CUDA out-of-memory error the batch
+        is split in two and retried, and later batches use the halved token budget."""
+        pending = [
+            [members[p] for p in batch] for batch in length_batches(lengths, self.batch_tokens)
+        ]
+        while pending:
+            batch = pending.pop(0)
+            try:
+                out[batch] = score(batch)
+            except torch.OutOfMemoryError:
+                if len(batch) == 1:
+                    raise CollapsecheckError(
+                        "out of memory scoring a single sequence: lower --max-new-tokens or "
+                        "use a device with more memory"
+                    ) from None
+                if self.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                self.batch_tokens = max(1, self.batch_tokens // 2)
+                half = len(batch) // 2
+                pending[:0] = [batch[:half], batch[half:]]
+                continue
+            progress(len(batch))
+
     def _score_naive(
         self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
     ) -> None:
-        sequences = [r.context + r.continuation for r in requests]
-        for batch in length_batches([len(s) for s in sequences], self.batch_tokens):
-            rows = [sequences[i] for i in batch]
+        def score(batch: list[int]) -> np.ndarray:
+            rows = [requests[i].context + requests[i].continuation for i in batch]
             ids = _right_pad(rows, self.pad_id, self.device)
             attention = _positions_mask([0] * len(rows), [len(r) for r in rows], ids.shape[1])
             logits = self.model(input_ids=ids, attention_mask=attention.to(self.device)).logits
@@ -280,8 +363,29 @@ class TransformersBackend:
             starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
             ends = [len(r) - 1 for r in rows]
             mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
-            out[batch] = token_logprob_sums(logits[:, :-1], ids[:, 1:], mask)
-            progress(len(batch))
+            return token_logprob_sums(logits[:, :-1], ids[:, 1:], mask)
+
+        lengths = [len(r.context) + len(r.continuation) for r in requests]
+        self._score_batches(range(len(requests)), lengths, score, out, progress)
+
+    def _prefill_contexts(
+        self, contexts: Sequence[tuple[int, ...]]
+    ) -> Iterator[tuple[tuple[int, ...], Any, torch.Tensor]]:
+        """Each context's key/value cache and next-token logits. The prefix that all contexts
+        share (a system prompt, say) is computed once and extended for each."""
+        shared = common_prefix_length(contexts)
+        if len(contexts) < 2 or shared == 0:
+            for context in contexts:
+                yield context, *self._prefill(context)
+            return
+        base, _ = self._prefill(contexts[0][:shared])
+        for context in contexts:
+            cache = copy.deepcopy(base)
+            rest = torch.tensor([list(context[shared:])], dtype=torch.long, device=self.device)
+            out = self.model(
+                input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
+            yield context, out.past_key_values, out.logits[:, -1, :]
 
     def _score_cached(
         self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
@@ -289,20 +393,22 @@ class TransformersBackend:
         by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_context[request.context].append(index)
-        for context, members in by_context.items():
-            cache, first_logits = self._prefill(context)
+        for context, cache, first_logits in self._prefill_contexts(list(by_context)):
+            members = by_context[context]
+            score = functools.partial(self._score_continuations, cache, first_logits, requests)
             lengths = [len(requests[i].continuation) for i in members]
-            for positions in length_batches(lengths, self.batch_tokens):
-                batch = [members[p] for p in positions]
-                out[batch] = self._score_continuations(
-                    cache, first_logits, [requests[i] for i in batch]
-                )
-                progress(len(batch))
+            self._score_batches(members, lengths, score, out, progress)
 
     def _score_continuations(
-        self, cache: Any, first_logits: torch.Tensor, requests: Sequence[ScoreRequest]
+        self,
+        cache: Any,
+        first_logits: torch.Tensor,
+        requests: Sequence[ScoreRequest],
+        batch: Sequence[int],
     ) -> np.ndarray:
-        """Score continuations that share one context, reusing its key/value cache."""
+        """Score the continuations of `requests[batch]`, which share one context, reusing the
+        context's key/value cache."""
+        requests = [requests[i] for i in batch]
         rows = [r.continuation for r in requests]
         ids = _right_pad(rows, self.pad_id, self.device)
         batch_cache = copy.deepcopy(cache)

@@ -105,6 +105,10 @@ BatchTokens = Annotated[
 ]
 SampleBatch = Annotated[int, typer.Option(help="Sequences decoded together while sampling.")]
 Bootstrap = Annotated[int, typer.Option(help="Bootstrap resamples.")]
+Negatives = Annotated[
+    int | None,
+    typer.Option(help="Score each trace under its own prompt and M sampled others, not all N."),
+]
 Config = Annotated[
     Path | None,
     typer.Option(help="Gate settings (default: ./collapsecheck.toml or ./pyproject.toml)."),
@@ -143,6 +147,7 @@ SCAN_PARAMETERS = [
     _keyword("scorer", Scorer, "cached"),
     _keyword("batch_tokens", BatchTokens, DEFAULT_BATCH_TOKENS),
     _keyword("sample_batch", SampleBatch, DEFAULT_SAMPLE_ROWS),
+    _keyword("negatives", Negatives, None),
     _keyword("bootstrap", Bootstrap, DEFAULT_RESAMPLES),
 ]
 
@@ -168,6 +173,7 @@ def scan_options(values: dict[str, Any]) -> dict[str, Any]:
         "scorer": values["scorer"],
         "batch_tokens": values["batch_tokens"],
         "sample_rows": values["sample_batch"],
+        "negatives": values["negatives"],
         "resamples": values["bootstrap"],
     }
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collapsecheck.backends.base import Backend, Progress, ScoreRequest
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import CrossLogProbs
 from collapsecheck.reasoning import Trace
 
@@ -31,25 +32,32 @@ def column_groups(prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
     return np.array([first.setdefault(tuple(ids), j) for j, ids in enumerate(prompt_ids)])
 
 
-def cross_requests(
-    traces: Sequence[Trace], contexts: Sequence[Sequence[int]]
-) -> list[ScoreRequest]:
-    """One request per (trace, context) pair, trace-major. Each trace's continuation and each
-    context is one shared tuple, so the requests hold M + N sequences, not M x N."""
-    shared_contexts = [tuple(context) for context in contexts]
-    requests = []
-    for trace in traces:
-        continuation = trace.prefix_ids + trace.reasoning_ids
-        requests += [
-            ScoreRequest(context, continuation, len(trace.prefix_ids))
-            for context in shared_contexts
-        ]
-    return requests
+def scored_groups(
+    traces: Sequence[Trace], groups: np.ndarray, negatives: int | None, seed: int
+) -> list[np.ndarray]:
+    """For each trace, the distinct prompts (group ids) to score it under: all of them, or its
+    own plus `negatives` others drawn at random (seeded per trace)."""
+    distinct = np.unique(groups)
+    chosen = []
+    for index, trace in enumerate(traces):
+        own = groups[trace.prompt_index]
+        if negatives is None or negatives >= len(distinct) - 1:
+            chosen.append(distinct)
+            continue
+        others = distinct[distinct != own]
+        rng = np.random.default_rng([seed, index])
+        picked = rng.choice(others, size=negatives, replace=False)
+        chosen.append(np.sort(np.append(picked, own)))
+    return chosen
 
 
-def request_count(traces: Sequence[Trace], prompt_ids: Sequence[Sequence[int]]) -> int:
+def request_count(
+    traces: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], negatives: int | None = None
+) -> int:
     """How many requests `cross_score` sends (identical prompts are scored once)."""
-    return sum(t.valid for t in traces) * len(np.unique(column_groups(prompt_ids)))
+    distinct = len(np.unique(column_groups(prompt_ids)))
+    per_trace = distinct if negatives is None else min(distinct, negatives + 1)
+    return sum(t.valid for t in traces) * per_trace
 
 
 def cross_score(
@@ -57,22 +65,39 @@ def cross_score(
     traces: Sequence[Trace],
     prompt_ids: Sequence[Sequence[int]],
     progress: Progress,
+    *,
+    negatives: int | None = None,
+    seed: int = 0,
 ) -> CrossScores:
-    """Score the valid traces under every prompt; duplicate prompts are scored once."""
+    """Score the valid traces under every prompt, or under their own and `negatives` sampled
+    others. Duplicate prompts are scored once and their column copied; entries not scored
+    are NaN and marked in the matrix's `scored` mask."""
+    if negatives is not None and negatives < 1:
+        raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
     rows = [i for i, t in enumerate(traces) if t.valid]
     valid = [traces[i] for i in rows]
     groups = column_groups(prompt_ids)
-    distinct = np.unique(groups)
-    sums = backend.loglikelihood(
-        cross_requests(valid, [prompt_ids[j] for j in distinct]), progress
-    ).reshape(len(valid), len(distinct))
-    # expand the distinct columns back to all N prompts
-    total = sums[:, np.searchsorted(distinct, groups)]
+    chosen = scored_groups(valid, groups, negatives, seed)
+    contexts = {g: tuple(prompt_ids[g]) for g in np.unique(groups)}
+    requests, cells = [], []
+    for row, (trace, wanted) in enumerate(zip(valid, chosen, strict=True)):
+        continuation = trace.prefix_ids + trace.reasoning_ids
+        for group in wanted:
+            requests.append(ScoreRequest(contexts[group], continuation, len(trace.prefix_ids)))
+            cells.append((row, group))
+    values = backend.loglikelihood(requests, progress)
+    by_group = np.full((len(valid), len(groups)), np.nan)
+    scored_group = np.zeros((len(valid), len(groups)), dtype=bool)
+    for (row, group), value in zip(cells, values, strict=True):
+        by_group[row, group] = value
+        scored_group[row, group] = True
+    total = by_group[:, groups]  # each column takes its group's value
     lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)
     matrix = CrossLogProbs(
         sum=total,
         mean=total / lengths[:, None] if len(valid) else total,
         row_prompt=np.array([t.prompt_index for t in valid], dtype=np.int64),
         column_group=groups,
+        scored=scored_group[:, groups],
     )
     return CrossScores(matrix, np.array(rows, dtype=np.int64), lengths)

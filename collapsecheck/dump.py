@@ -90,6 +90,7 @@ def write_matrix(directory: Path, scores: CrossScores) -> None:
             row_prompt_index=scores.matrix.row_prompt,
             row_trace_index=scores.row_trace_index,
             reasoning_tokens=scores.reasoning_tokens,
+            **({} if scores.matrix.is_full else {"scored": scores.matrix.scored}),
         )
 
     _write_atomic(directory / MATRIX_FILE, "wb", save)
@@ -123,6 +124,7 @@ def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
             mean=arrays["mean"],
             row_prompt=arrays["row_prompt_index"],
             column_group=column_groups([row["ids"] for row in prompts]),
+            scored=arrays.get("scored"),
         )
         counts = count_per_prompt(
             len(prompts),

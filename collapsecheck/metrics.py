@@ -43,12 +43,15 @@ class CrossLogProbs:
 
     `row_prompt[r]` is the prompt (column) that produced trace r; `column_group[j]` is the same
     for every column whose rendered prompt ids are identical (duplicates retrieve as one).
+    `scored` marks the entries that were computed: all of them for the full matrix; with
+    sampled negatives, each row's own prompt (and its duplicates) and the sampled others.
     """
 
     sum: np.ndarray
     mean: np.ndarray
     row_prompt: np.ndarray
     column_group: np.ndarray
+    scored: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         m, n = self.sum.shape
@@ -58,12 +61,25 @@ class CrossLogProbs:
             raise ValueError("row_prompt must have one entry per row, column_group one per column")
         if n and (self.row_prompt.min(initial=0) < 0 or self.row_prompt.max(initial=0) >= n):
             raise ValueError("row_prompt holds an index outside the columns")
-        if not (np.isfinite(self.sum).all() and np.isfinite(self.mean).all()):
+        if self.scored is None:
+            object.__setattr__(self, "scored", np.ones((m, n), dtype=bool))
+        if self.scored.shape != (m, n):
+            raise ValueError(f"scored is {self.scored.shape}, the matrix {(m, n)}")
+        correct = correct_columns(self.row_prompt, self.column_group)
+        if (correct & ~self.scored).any():
+            raise ValueError("every row must be scored under its own prompt")
+        if not (
+            np.isfinite(self.sum[self.scored]).all() and np.isfinite(self.mean[self.scored]).all()
+        ):
             raise ValueError("the cross log-probability matrix holds NaN or infinite values")
 
     @property
     def num_prompts(self) -> int:
         return self.sum.shape[1]
+
+    @property
+    def is_full(self) -> bool:
+        return bool(self.scored.all())
 
 
 @dataclass(frozen=True)
@@ -98,11 +114,24 @@ def count_per_prompt(
     )
 
 
-def matched_and_marginal(logprobs: np.ndarray, row_prompt: np.ndarray) -> tuple[np.ndarray, ...]:
-    """matched[r] = L[r, own prompt]; marginal[r] = logsumexp_j L[r, j] - log N."""
-    n = logprobs.shape[1]
-    matched = logprobs[np.arange(logprobs.shape[0]), row_prompt]
-    marginal = logsumexp(logprobs, axis=1) - np.log(n)
+def matched_and_marginal(
+    logprobs: np.ndarray, row_prompt: np.ndarray, column_group: np.ndarray, scored: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """matched[r] = L[r, own prompt]; marginal[r] = logsumexp_j L[r, j] - log N.
+
+    With sampled negatives the sum over the other prompts is estimated from the sampled ones,
+    each weighted by (N - c) / m: c columns share the row's prompt, m others were scored. For
+    the full matrix every weight is 1 and this is the plain logsumexp.
+    """
+    m, n = logprobs.shape
+    matched = logprobs[np.arange(m), row_prompt]
+    correct = correct_columns(row_prompt, column_group)
+    others = scored & ~correct
+    sampled = np.maximum(others.sum(axis=1, keepdims=True), 1)
+    weight = np.where(correct, 1.0, (n - correct.sum(axis=1, keepdims=True)) / sampled)
+    with np.errstate(divide="ignore"):
+        terms = np.where(scored, logprobs + np.log(weight), -np.inf)
+    marginal = logsumexp(terms, axis=1) - np.log(n)
     return matched, marginal
 
 
@@ -136,29 +165,43 @@ def correct_columns(row_prompt: np.ndarray, column_group: np.ndarray) -> np.ndar
 
 
 def retrieval_scores(
-    logprobs: np.ndarray, row_prompt: np.ndarray, column_group: np.ndarray, k: int
+    logprobs: np.ndarray,
+    row_prompt: np.ndarray,
+    column_group: np.ndarray,
+    k: int,
+    scored: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per-row retrieval@k under SPEC's tie rule (expected hit under random tie-breaking)."""
+    """Per-row retrieval@k among the scored columns, under SPEC's tie rule (expected hit
+    under random tie-breaking)."""
+    if scored is not None:
+        logprobs = np.where(scored, logprobs, -np.inf)
     correct = correct_columns(row_prompt, column_group)
     best_correct = np.where(correct, logprobs, -np.inf).max(axis=1, keepdims=True)
     strictly_better = (logprobs > best_correct).sum(axis=1)
     tied = logprobs == best_correct
+    candidates = logprobs.shape[1] if scored is None else scored.sum(axis=1)
     return hit_probability(
-        tied.sum(axis=1), (tied & correct).sum(axis=1), min(k, logprobs.shape[1]) - strictly_better
+        tied.sum(axis=1),
+        (tied & correct).sum(axis=1),
+        np.minimum(k, candidates) - strictly_better,
     )
 
 
-def retrieval_chance(row_prompt: np.ndarray, column_group: np.ndarray, k: int) -> np.ndarray:
-    """Per-row retrieval@k of a guesser that ranks the N columns at random."""
-    n = column_group.shape[0]
+def retrieval_chance(
+    row_prompt: np.ndarray, column_group: np.ndarray, k: int, scored: np.ndarray | None = None
+) -> np.ndarray:
+    """Per-row retrieval@k of a guesser that ranks the candidate columns at random."""
     correct = correct_columns(row_prompt, column_group).sum(axis=1)
-    return hit_probability(np.full(correct.shape, n), correct, np.full(correct.shape, min(k, n)))
+    n = column_group.shape[0]
+    candidates = np.full(correct.shape, n) if scored is None else scored.sum(axis=1)
+    return hit_probability(candidates, correct, np.minimum(k, candidates))
 
 
 def _row_statistics(scores: CrossLogProbs) -> dict[str, np.ndarray]:
     """Per-row quantities whose weighted means make up every row-level metric."""
-    matched_mean, marginal_mean = matched_and_marginal(scores.mean, scores.row_prompt)
-    matched_seq, marginal_seq = matched_and_marginal(scores.sum, scores.row_prompt)
+    where = (scores.row_prompt, scores.column_group, scores.scored)
+    matched_mean, marginal_mean = matched_and_marginal(scores.mean, *where)
+    matched_seq, marginal_seq = matched_and_marginal(scores.sum, *where)
     rows = {
         "matched_mean": matched_mean,
         "marginal_mean": marginal_mean,
@@ -166,8 +209,12 @@ def _row_statistics(scores: CrossLogProbs) -> dict[str, np.ndarray]:
         "marginal_seq": marginal_seq,
     }
     for k in (1, *RETRIEVAL_KS):
-        rows[f"hit@{k}"] = retrieval_scores(scores.sum, scores.row_prompt, scores.column_group, k)
-        rows[f"chance@{k}"] = retrieval_chance(scores.row_prompt, scores.column_group, k)
+        rows[f"hit@{k}"] = retrieval_scores(
+            scores.sum, scores.row_prompt, scores.column_group, k, scores.scored
+        )
+        rows[f"chance@{k}"] = retrieval_chance(
+            scores.row_prompt, scores.column_group, k, scores.scored
+        )
     return rows
 
 

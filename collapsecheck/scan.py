@@ -105,6 +105,7 @@ def scan(
     scorer: str = "cached",
     batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    negatives: int | None = None,
     as_chat: bool = False,
     prompt_field: str | None = None,
     resamples: int = DEFAULT_RESAMPLES,
@@ -157,8 +158,10 @@ def scan(
     if not any(t.valid for t in traces):
         raise _no_reasoning_error(spec, len(traces))
 
-    total = request_count(traces, prompt_ids)
-    scores = cross_score(backend, traces, prompt_ids, progress("scoring", total))
+    total = request_count(traces, prompt_ids, negatives)
+    scores = cross_score(
+        backend, traces, prompt_ids, progress("scoring", total), negatives=negatives, seed=seed
+    )
     scored = time.perf_counter()
     if dump_dir is not None:
         write_matrix(dump_dir, scores)
@@ -187,6 +190,12 @@ def scan(
             "samples_per_prompt": params.k,
             "sampling": params.to_dict(),
             "reasoning": spec.to_dict(),
+            "cross_scoring": {
+                "negatives": negatives,
+                "estimator": "full matrix"
+                if scores.matrix.is_full
+                else f"sampled negatives: own prompt + {negatives} others per trace",
+            },
             "as_chat": as_chat,
             "bootstrap_resamples": resamples,
             **backend.describe(),

@@ -149,3 +149,22 @@ def test_installed_command_reports_errors_without_traceback(tmp_path):
         f"error: checkpoint not found: {tmp_path / 'nope'}"
     ]
     assert result.stdout == ""
+
+
+def test_negatives_score_own_plus_sampled_prompts_and_round_trip(tmp_path):
+    full, sampled = tmp_path / "full", tmp_path / "sampled"
+    assert run(HEALTHY, *FAST, "--dump", full, "--fail-on", "none").exit_code == 0
+    result = run(HEALTHY, *FAST, "--negatives", "2", "--dump", sampled, "--fail-on", "none")
+    assert result.exit_code == 0, result.output
+    report = json.loads((sampled / "report.json").read_text())
+    assert report["settings"]["cross_scoring"]["negatives"] == 2
+    assert report["metrics"]["retrieval_chance_level"] == pytest.approx(1 / 3)
+    with np.load(full / "cross_logprobs.npz") as f, np.load(sampled / "cross_logprobs.npz") as s:
+        scored = s["scored"]
+        assert (scored.sum(axis=1) == 3).all()
+        # the sampled entries are the full matrix's entries, computed the same way
+        assert np.allclose(s["sum"][scored], f["sum"][scored], atol=1e-4)
+        assert np.isnan(s["sum"][~scored]).all()
+    matrix, counts = read_dump(sampled)
+    again = compute_metrics(matrix, counts, resamples=1000, seed=0)
+    assert metric_to_json(again["normalized_mi"]) == report["metrics"]["normalized_mi"]

@@ -180,3 +180,35 @@ def test_run_ema_follows_the_steps():
     apply_run_ema(run)
     assert run[1]["marginal_std_ema"] == pytest.approx(0.9 * 1.0 + 0.1 * 3.0)
     assert run[1]["mi_zscore_ema_seq"] == pytest.approx(1.0 / (0.9 * 2.0 + 0.1 * 4.0 + 1e-3))
+
+
+def test_sampled_negatives_estimator_by_hand():
+    sums = np.array([[-1.0, -9.0, -3.0, -9.0], [-9.0, -2.0, -9.0, -1.5]])
+    scored = np.array([[True, False, True, False], [False, True, False, True]])
+    scores = CrossLogProbs(sums, sums, np.array([0, 1]), np.arange(4), scored)
+    m = compute_metrics(scores, counts_for(scores, 1), resamples=20)
+    # row 0: own p0 plus the 3 other prompts estimated from the one sampled (weight 3 / 1)
+    marginal0 = math.log(math.exp(-1) + 3 * math.exp(-3)) - math.log(4)
+    marginal1 = math.log(math.exp(-2) + 3 * math.exp(-1.5)) - math.log(4)
+    assert value(m["mi_seq_estimate"]) == pytest.approx(((-1 - marginal0) + (-2 - marginal1)) / 2)
+    # retrieval among own + 1 sampled: row 0 wins, row 1 loses; chance 1/2
+    assert value(m["retrieval_accuracy"]) == pytest.approx(0.5)
+    assert m["retrieval_chance_level"] == pytest.approx(0.5)
+    assert value(m["retrieval_accuracy@2"]) == 1.0
+
+
+def test_full_mask_equals_no_mask():
+    rng = np.random.default_rng(5)
+    sums = rng.normal(-10, 3, size=(12, 4))
+    plain = matrix(sums, np.repeat(np.arange(4), 3))
+    masked = CrossLogProbs(plain.sum, plain.mean, plain.row_prompt, plain.column_group,
+                           np.ones((12, 4), dtype=bool))  # fmt: skip
+    assert compute_metrics(plain, counts_for(plain, 3), resamples=50) == compute_metrics(
+        masked, counts_for(masked, 3), resamples=50
+    )
+
+
+def test_own_prompt_must_be_scored():
+    with pytest.raises(ValueError, match="own prompt"):
+        CrossLogProbs(np.zeros((1, 2)), np.zeros((1, 2)), np.array([0]), np.arange(2),
+                      np.array([[False, True]]))  # fmt: skip

@@ -9,7 +9,7 @@ TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.
 TORCH_INDEX ?=
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none
 
-.PHONY: install demo test lint format fixtures clean
+.PHONY: install demo test lint format fixtures bench clean
 
 install: $(STAMP)
 
@@ -26,19 +26,25 @@ demo: $(STAMP)
 	$(VENV)/bin/collapsecheck scan examples/demo-run/global_step_500 $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check collapsecheck tests scripts
-	$(VENV)/bin/ruff format --check collapsecheck tests scripts
+	$(VENV)/bin/ruff check collapsecheck tests scripts bench
+	$(VENV)/bin/ruff format --check collapsecheck tests scripts bench
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check collapsecheck tests scripts
+	$(VENV)/bin/ruff check collapsecheck tests scripts bench
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format collapsecheck tests scripts
-	$(VENV)/bin/ruff check --fix collapsecheck tests scripts
+	$(VENV)/bin/ruff format collapsecheck tests scripts bench
+	$(VENV)/bin/ruff check --fix collapsecheck tests scripts bench
 
 fixtures: $(STAMP)
 	$(PY) scripts/make_fixtures.py
+
+# Benchmarks (not part of the tests): scoring speed against the naive reference and the
+# machine's matmul peak, then the accuracy of --negatives; both write docs/benchmarks.md.
+bench: $(STAMP)
+	$(PY) bench/bench_scoring.py --write
+	$(PY) bench/negatives.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -82,11 +82,13 @@ def build_requests(args: argparse.Namespace) -> tuple[list[ScoreRequest], int]:
     vocab = args.vocab
     system = rng.integers(1, vocab, size=args.system_tokens).tolist()
     prompts = [
-        tuple(system + rng.integers(1, vocab, size=args.prompt_tokens - args.system_tokens).tolist())
+        tuple(
+            system + rng.integers(1, vocab, size=args.prompt_tokens - args.system_tokens).tolist()
+        )
         for _ in range(args.n)
     ]
     traces = [
-        (1,) + tuple(rng.integers(1, vocab, size=args.reasoning_tokens).tolist())
+        (1, *rng.integers(1, vocab, size=args.reasoning_tokens).tolist())
         for _ in range(args.n * args.k)
     ]
     requests = [ScoreRequest(p, t, 1) for t in traces for p in prompts]
@@ -137,7 +139,9 @@ def main() -> None:
     model = build_model(args)
     params = sum(p.numel() for p in model.parameters())
     dtype = getattr(torch, args.dtype)
-    peak = matmul_peak(args.device, dtype, args.peak_size or (8192 if "cuda" in args.device else 2048))
+    peak = matmul_peak(
+        args.device, dtype, args.peak_size or (8192 if "cuda" in args.device else 2048)
+    )
     requests, traces = build_requests(args)
     subset = requests[: args.naive_traces * args.n]
 
@@ -179,11 +183,20 @@ def main() -> None:
     print(f"speed-up             {row['speedup']}")
     print(f"max |naive - cached| {difference:.2e} nats per trace")
     if args.write:
-        text = DOCS.read_text() if DOCS.exists() else ""
-        if TABLE_HEADER not in text:
-            text += "\n" + TABLE_HEADER + "\n|" + "---|" * 16 + "\n"
-        DOCS.write_text(text + "| " + " | ".join(row.values()) + " |\n")
-        print(f"appended to {DOCS}")
+        DOCS.write_text(add_row(DOCS.read_text(), "| " + " | ".join(row.values()) + " |"))
+        print(f"added the row to {DOCS}")
+
+
+def add_row(text: str, row: str) -> str:
+    """The document with `row` at the end of the scoring table (made if missing), before
+    any section that follows it."""
+    lines = text.rstrip("\n").split("\n")
+    if TABLE_HEADER not in lines:
+        lines += ["", TABLE_HEADER, "|" + "---|" * 16]
+    end = lines.index(TABLE_HEADER) + 2
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return "\n".join([*lines[:end], row, *lines[end:]]) + "\n"
 
 
 if __name__ == "__main__":

@@ -33,20 +33,17 @@ def column_groups(prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def scored_groups(
-    traces: Sequence[Trace], groups: np.ndarray, negatives: int | None, seed: int
+    own_groups: np.ndarray, groups: np.ndarray, negatives: int | None, seed: int
 ) -> list[np.ndarray]:
-    """For each trace, the distinct prompts (group ids) to score it under: all of them, or its
-    own plus `negatives` others drawn at random (seeded per trace)."""
+    """For each row (given its own prompt's group), the distinct prompts (group ids) to score
+    it under: all of them, or its own plus `negatives` others drawn at random, seeded per row."""
     distinct = np.unique(groups)
+    if negatives is None or negatives >= len(distinct) - 1:
+        return [distinct] * len(own_groups)
     chosen = []
-    for index, trace in enumerate(traces):
-        own = groups[trace.prompt_index]
-        if negatives is None or negatives >= len(distinct) - 1:
-            chosen.append(distinct)
-            continue
-        others = distinct[distinct != own]
-        rng = np.random.default_rng([seed, index])
-        picked = rng.choice(others, size=negatives, replace=False)
+    for row, own in enumerate(own_groups):
+        rng = np.random.default_rng([seed, row])
+        picked = rng.choice(distinct[distinct != own], size=negatives, replace=False)
         chosen.append(np.sort(np.append(picked, own)))
     return chosen
 
@@ -77,7 +74,8 @@ def cross_score(
     rows = [i for i, t in enumerate(traces) if t.valid]
     valid = [traces[i] for i in rows]
     groups = column_groups(prompt_ids)
-    chosen = scored_groups(valid, groups, negatives, seed)
+    own = groups[[t.prompt_index for t in valid]] if valid else np.array([], dtype=np.int64)
+    chosen = scored_groups(own, groups, negatives, seed)
     contexts = {g: tuple(prompt_ids[g]) for g in np.unique(groups)}
     requests, cells = [], []
     for row, (trace, wanted) in enumerate(zip(valid, chosen, strict=True)):

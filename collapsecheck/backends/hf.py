@@ -107,16 +107,25 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return length
 
 
-def token_logprob_sums(
-    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
-) -> np.ndarray:
-    """Sum over masked positions of log softmax(logits)[target], in float64 on the host.
+LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
 
-    logits: (B, T, V) predicting targets (B, T); mask: (B, T) bool.
-    """
-    logits = logits.float()
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    logprobs = picked - torch.logsumexp(logits, dim=-1)
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] in float32: logits (B, T, V), targets (B, T) -> (B, T).
+
+    Works through a few rows at a time, so the float32 work space stays small whatever the
+    batch and the model's dtype."""
+    out = torch.empty(targets.shape, dtype=torch.float32, device=targets.device)
+    for start in range(0, logits.shape[0], LOGPROB_ROWS):
+        rows = slice(start, start + LOGPROB_ROWS)
+        chunk = logits[rows].float()
+        picked = chunk.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)
+        out[rows] = picked - torch.logsumexp(chunk, dim=-1)
+    return out
+
+
+def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """Per-row sum of the masked log-probabilities, in float64 on the host."""
     return (logprobs.double() * mask).sum(dim=1).cpu().numpy()
 
 
@@ -363,7 +372,7 @@ class TransformersBackend:
             starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
             ends = [len(r) - 1 for r in rows]
             mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
-            return token_logprob_sums(logits[:, :-1], ids[:, 1:], mask)
+            return masked_sums(token_logprobs(logits[:, :-1], ids[:, 1:]), mask)
 
         lengths = [len(r.context) + len(r.continuation) for r in requests]
         self._score_batches(range(len(requests)), lengths, score, out, progress)
@@ -414,8 +423,9 @@ class TransformersBackend:
         batch_cache = copy.deepcopy(cache)
         batch_cache.batch_repeat_interleave(len(rows))
         logits = self.model(input_ids=ids, past_key_values=batch_cache, use_cache=True).logits
-        # prediction for continuation token t: the context's last logits (t = 0), else logits[t-1]
-        predictions = torch.cat([first_logits.expand(len(rows), 1, -1), logits[:, :-1]], dim=1)
+        # continuation token 0 is predicted by the context's last logits, token t by logits[t-1]
+        first = token_logprobs(first_logits.expand(len(rows), -1)[:, None, :], ids[:, :1])
+        rest = token_logprobs(logits[:, :-1], ids[:, 1:])
         starts = [r.scored_from for r in requests]
         mask = _positions_mask(starts, [len(r) for r in rows], ids.shape[1]).to(self.device)
-        return token_logprob_sums(predictions, ids, mask)
+        return masked_sums(torch.cat([first, rest], dim=1), mask)

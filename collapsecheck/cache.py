@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from collapsecheck.checkpoint import Checkpoint
+
 FULL_HASH_LIMIT = 64 * 2**20  # files up to this size are hashed whole
 SAMPLE_BYTES = 2**20  # larger ones: their size and three 1 MiB samples (start, middle, end)
 KEY_LENGTH = 20
@@ -40,18 +42,19 @@ def _file_digest(path: Path, digest: Any) -> None:
             digest.update(stream.read(SAMPLE_BYTES))
 
 
-def checkpoint_fingerprint(model_dir: Path) -> str:
-    """A digest of the files of a checkpoint directory (weights, config, tokenizer)."""
+def checkpoint_fingerprint(checkpoint: Checkpoint) -> str:
+    """A digest of the files that define a checkpoint (weights, config, tokenizer)."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
+    digest.update(checkpoint.kind.encode())
+    for path in checkpoint.files():
         _file_digest(path, digest)
     return digest.hexdigest()
 
 
-def scan_key(model_dir: Path, prompts: Path, settings: dict[str, Any]) -> str:
+def scan_key(checkpoint: Checkpoint, prompts: Path, settings: dict[str, Any]) -> str:
     """The cache key of one scan."""
     digest = hashlib.sha256()
-    digest.update(checkpoint_fingerprint(model_dir).encode())
+    digest.update(checkpoint_fingerprint(checkpoint).encode())
     _file_digest(prompts, digest)
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:KEY_LENGTH]

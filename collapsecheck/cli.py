@@ -105,6 +105,20 @@ BatchTokens = Annotated[
 ]
 SampleBatch = Annotated[int, typer.Option(help="Sequences decoded together while sampling.")]
 Bootstrap = Annotated[int, typer.Option(help="Bootstrap resamples.")]
+BaseModel = Annotated[
+    Path | None, typer.Option(help="Base model directory of a LoRA/PEFT adapter checkpoint.")
+]
+TrustRemoteCode = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Run the model code a checkpoint ships (off)."),
+]
+TrustPickle = Annotated[
+    bool,
+    typer.Option(
+        "--trust-checkpoint-pickle",
+        help="Unpickle veRL shards that hold more than tensors (can run code; off).",
+    ),
+]
 Negatives = Annotated[
     int | None,
     typer.Option(help="Score each trace under its own prompt and M sampled others, not all N."),
@@ -148,6 +162,9 @@ SCAN_PARAMETERS = [
     _keyword("batch_tokens", BatchTokens, DEFAULT_BATCH_TOKENS),
     _keyword("sample_batch", SampleBatch, DEFAULT_SAMPLE_ROWS),
     _keyword("negatives", Negatives, None),
+    _keyword("base_model", BaseModel, None),
+    _keyword("trust_remote_code", TrustRemoteCode, False),
+    _keyword("trust_checkpoint_pickle", TrustPickle, False),
     _keyword("bootstrap", Bootstrap, DEFAULT_RESAMPLES),
 ]
 
@@ -174,6 +191,9 @@ def scan_options(values: dict[str, Any]) -> dict[str, Any]:
         "batch_tokens": values["batch_tokens"],
         "sample_rows": values["sample_batch"],
         "negatives": values["negatives"],
+        "base_model": values["base_model"],
+        "trust_remote_code": values["trust_remote_code"],
+        "trust_checkpoint_pickle": values["trust_checkpoint_pickle"],
         "resamples": values["bootstrap"],
     }
 
@@ -292,7 +312,7 @@ def scan(
             },
         )
         prompt_file = require_prompts(prompts)
-        model_dir, run = find_checkpoints(checkpoint)
+        model_dir, run = find_checkpoints(checkpoint, options["base_model"])
         if dump is not None and (run or out is not None):
             raise CollapsecheckError(
                 "--dump takes one checkpoint without --out (cached scans keep their dump "
@@ -384,7 +404,7 @@ def compare(
                 and not (path / "config.json").exists()
             ):
                 return Report.load(path / REPORT_FILE)
-            model_dir, run = find_checkpoints(path)
+            model_dir, run = find_checkpoints(path, options["base_model"])
             if run:
                 raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
             return cached_scan(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.cache import scan_key
+from collapsecheck.checkpoint import Checkpoint
 from collapsecheck.discovery import RunCheckpoint
 from collapsecheck.dump import REPORT_FILE, write_text_atomic
 from collapsecheck.metrics import apply_run_ema, point_value
@@ -32,7 +33,7 @@ def cache_settings(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def cached_scan(
-    checkpoint: Path,
+    checkpoint: Checkpoint,
     prompts: Path,
     *,
     cache_root: Path,
@@ -48,7 +49,7 @@ def cached_scan(
         report = Report.load(saved)
         report.thresholds = thresholds or Thresholds()
         report.verdict = decide(report.metrics, report.thresholds)
-        report.settings["checkpoint"] = str(checkpoint)
+        report.settings["checkpoint"] = str(checkpoint.path)
         report.timing = {**report.timing, "cached": True}
         return report
     return scan(
@@ -85,7 +86,8 @@ class RunReport:
                 {
                     "name": s.checkpoint.name,
                     "step": s.checkpoint.step,
-                    "checkpoint": str(s.checkpoint.path),
+                    "checkpoint": str(s.checkpoint.checkpoint.path),
+                    "format": s.checkpoint.checkpoint.kind,
                     "dump": str(s.report.dump_dir) if s.report.dump_dir else None,
                     "report": s.report.to_dict(),
                 }
@@ -136,7 +138,7 @@ def scan_run(
     steps = []
     for checkpoint in checkpoints:
         report = cached_scan(
-            checkpoint.path,
+            checkpoint.checkpoint,
             prompts,
             cache_root=cache_root,
             rescan=rescan,

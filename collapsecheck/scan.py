@@ -19,6 +19,7 @@ from collapsecheck.backends.base import (
     SamplingParams,
     no_progress,
 )
+from collapsecheck.checkpoint import Checkpoint
 from collapsecheck.cross_scoring import column_groups, cross_score, request_count
 from collapsecheck.dump import REPORT_FILE, write_matrix, write_samples
 from collapsecheck.errors import CollapsecheckError
@@ -89,7 +90,7 @@ def _no_reasoning_error(spec: ReasoningSpec, responses: int) -> CollapsecheckErr
 
 
 def scan(
-    checkpoint: str | Path,
+    checkpoint: str | Path | Checkpoint,
     prompts: str | Path,
     *,
     k: int = 8,
@@ -106,6 +107,9 @@ def scan(
     batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
     negatives: int | None = None,
+    trust_remote_code: bool = False,
+    trust_checkpoint_pickle: bool = False,
+    base_model: str | Path | None = None,
     as_chat: bool = False,
     prompt_field: str | None = None,
     resamples: int = DEFAULT_RESAMPLES,
@@ -141,6 +145,9 @@ def scan(
             scorer=scorer,
             batch_tokens=batch_tokens,
             sample_rows=sample_rows,
+            trust_remote_code=trust_remote_code,
+            trust_checkpoint_pickle=trust_checkpoint_pickle,
+            base_model=base_model,
         )
     rendered = [render_prompt(p, backend.tokenizer, as_chat=as_chat) for p in prompt_list]
     prompt_ids = [r.ids for r in rendered]
@@ -183,7 +190,9 @@ def scan(
         verdict=decide(metrics, thresholds),
         thresholds=thresholds,
         settings={
-            "checkpoint": str(checkpoint),
+            "checkpoint": str(
+                checkpoint.path if isinstance(checkpoint, Checkpoint) else checkpoint
+            ),
             "prompts": str(prompt_path),
             "prompts_sha256": file_sha256(prompt_path),
             "num_prompts": len(rendered),

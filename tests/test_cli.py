@@ -92,7 +92,7 @@ def bad_inputs(tmp_path):
     one.write_text("agent 1,1 goal 2,2\n")
     return {
         "missing": (tmp_path / "nope", PROMPTS, [], "checkpoint not found"),
-        "no weights": (no_weights, PROMPTS, [], "no model weights found"),
+        "no weights": (no_weights, PROMPTS, [], "no checkpoint here (found: config.json;"),
         "corrupt": (corrupt, PROMPTS, [], "model.safetensors: could not load the model weights"),
         "malformed": (HEALTHY, malformed, [], "malformed.jsonl:2: malformed JSON"),
         "empty": (HEALTHY, empty, [], "no prompts found"),

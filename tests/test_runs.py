@@ -45,9 +45,10 @@ def test_discovery_orders_by_step_and_skips_distractors(tmp_path):
         "final",
     ]
     assert [c.step for c in found] == [7, 50, 200, 1000, None]
-    assert found[1].path == run / "global_step_50" / "actor" / "huggingface"
+    assert found[1].checkpoint.path == run / "global_step_50" / "actor" / "huggingface"
     assert find_checkpoints(run)[0] is None
-    assert find_checkpoints(run / "step_7") == (run / "step_7", [])
+    single, rest = find_checkpoints(run / "step_7")
+    assert (single.kind, single.path, rest) == ("huggingface", run / "step_7", [])
     assert step_number("epoch2-step300") == 300
 
 

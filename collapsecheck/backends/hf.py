@@ -28,9 +28,10 @@ from collapsecheck.backends.base import (
     prompt_seed,
 )
 from collapsecheck.checkpoint import (
-    check_checkpoint_dir,
+    Checkpoint,
     load_model,
     load_tokenizer,
+    require_checkpoint,
     resolve_device,
     resolve_dtype,
 )
@@ -185,18 +186,30 @@ class TransformersBackend:
     @classmethod
     def from_checkpoint(
         cls,
-        path: str | Path,
+        checkpoint: Checkpoint | str | Path,
         *,
         device: str = "auto",
         dtype: str = "auto",
         scorer: str = "cached",
         batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
         sample_rows: int = DEFAULT_SAMPLE_ROWS,
+        trust_remote_code: bool = False,
+        trust_checkpoint_pickle: bool = False,
+        base_model: str | Path | None = None,
     ) -> TransformersBackend:
-        path = check_checkpoint_dir(path)
-        tokenizer = load_tokenizer(path)
+        """Load a checkpoint of any supported format (see `collapsecheck.checkpoint`)."""
+        if not isinstance(checkpoint, Checkpoint):
+            base = Path(base_model) if base_model is not None else None
+            checkpoint = require_checkpoint(checkpoint, base)
+        tokenizer = load_tokenizer(checkpoint, trust_remote_code)
         resolved = resolve_device(device)
-        model = load_model(path, resolved, resolve_dtype(dtype, resolved))
+        model = load_model(
+            checkpoint,
+            resolved,
+            resolve_dtype(dtype, resolved),
+            trust_remote_code=trust_remote_code,
+            trust_pickle=trust_checkpoint_pickle,
+        )
         return cls(
             model, tokenizer, scorer=scorer, batch_tokens=batch_tokens, sample_rows=sample_rows
         )

@@ -1,0 +1,83 @@
+"""veRL FSDP actor checkpoints: `model_world_size_W_rank_R.pt` shards merged in memory.
+
+Each shard is one rank's state dict. Its values are DTensors (FSDP2) whose placement says
+how to merge them (Shard(d): concatenate along d in rank order; Replicate: any one), or
+plain tensors, which veRL concatenates along dimension 0.
+
+The shards are Python pickles: loading one can run code. They are loaded with
+`weights_only=True`, which allows tensors and DTensors only; a shard that needs more is
+refused unless the user passes `--trust-checkpoint-pickle`.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.checkpoint import SHARD_GLOB
+from collapsecheck.errors import CollapsecheckError
+
+SHARD_NAME = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def shard_paths(actor_dir: Path) -> list[Path]:
+    """The shards of one world size, in rank order, all ranks present."""
+    found: dict[int, dict[int, Path]] = {}
+    for path in actor_dir.glob(SHARD_GLOB):
+        match = SHARD_NAME.search(path.name)
+        if match:
+            found.setdefault(int(match.group(1)), {})[int(match.group(2))] = path
+    if len(found) != 1:
+        raise CollapsecheckError(
+            f"{actor_dir}: shards of {len(found)} different world sizes; expected one"
+        )
+    world, ranks = next(iter(found.items()))
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        raise CollapsecheckError(
+            f"{actor_dir}: world size {world} but no shard for rank(s) {missing}"
+        )
+    return [ranks[r] for r in range(world)]
+
+
+def load_shard(path: Path, trust_pickle: bool) -> dict[str, Any]:
+    import torch
+    import torch.distributed.tensor  # lets weights_only unpickle DTensors
+
+    logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        if not trust_pickle:
+            raise CollapsecheckError(
+                f"{path}: this shard holds Python objects beyond tensors, and unpickling them "
+                "can run code from the file; pass --trust-checkpoint-pickle only if you trust it"
+            ) from None
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _merge(key: str, values: list[Any]) -> Any:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(values[0], DTensor):
+        return values[0] if len(values) == 1 else torch.cat(values, dim=0)
+    placement = values[0].placements[-1]  # the FSDP dimension (a DDP one before it replicates)
+    local = [v.to_local() for v in values]
+    if placement.is_replicate():
+        return local[0]
+    if placement.is_shard():
+        return torch.cat(local, dim=placement.dim)
+    raise CollapsecheckError(f"parameter {key}: placement {placement} cannot be merged")
+
+
+def load_fsdp_state_dict(actor_dir: Path, trust_pickle: bool = False) -> dict[str, Any]:
+    """The full state dict of a veRL FSDP actor checkpoint (tensors only)."""
+    import torch
+
+    shards = [load_shard(p, trust_pickle) for p in shard_paths(actor_dir)]
+    keys = [k for k, v in shards[0].items() if isinstance(v, torch.Tensor)]
+    return {key: _merge(key, [shard[key] for shard in shards]).contiguous() for key in keys}

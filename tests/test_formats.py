@@ -1,0 +1,152 @@
+"""Checkpoint formats built from the demo checkpoints: each route gives the plain route's
+numbers."""
+
+import argparse
+import json
+import shutil
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from collapsecheck import scan
+from collapsecheck.checkpoint import require_checkpoint
+from collapsecheck.errors import CollapsecheckError
+from tests.conftest import HEALTHY, PROMPTS
+
+FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "resamples": 100}
+CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "chat_template.jinja")  # fmt: skip
+
+
+def demo_state_dict():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(HEALTHY).state_dict()
+
+
+def save_fsdp_rank(rank, world, port, actor_dir):
+    """One rank of a real 2-process gloo group saving its FSDP2 shard as veRL does:
+    `model_world_size_{W}_rank_{R}.pt`, a state dict of DTensors sharded along dim 0."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    shard = {
+        key: DTensor.from_local(
+            torch.tensor_split(tensor, world, dim=0)[rank].clone(), mesh, [Shard(0)],
+            run_check=False,
+        )
+        for key, tensor in demo_state_dict().items()
+    }  # fmt: skip
+    torch.save(shard, f"{actor_dir}/model_world_size_{world}_rank_{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_hf_folder(destination):
+    destination.mkdir(parents=True)
+    for name in CONFIG_FILES:
+        shutil.copy(HEALTHY / name, destination)
+
+
+@pytest.fixture(scope="module")
+def plain_report():
+    return scan(HEALTHY, PROMPTS, **FAST)
+
+
+def same_numbers(report, plain):
+    assert report.metrics == plain.metrics
+    assert report.verdict == plain.verdict
+
+
+def test_verl_fsdp_shards_merge_to_the_same_model(tmp_path, plain_report):
+    actor = tmp_path / "global_step_40" / "actor"
+    make_hf_folder(actor / "huggingface")
+    mp.spawn(save_fsdp_rank, args=(2, free_port(), str(actor)), nprocs=2)
+    checkpoint = require_checkpoint(tmp_path / "global_step_40")
+    assert (checkpoint.kind, checkpoint.path) == ("verl-fsdp", actor)
+    same_numbers(scan(tmp_path / "global_step_40", PROMPTS, **FAST), plain_report)
+
+
+def test_a_pickle_shard_needs_the_flag(tmp_path, plain_report):
+    actor = tmp_path / "actor"
+    make_hf_folder(actor / "huggingface")
+    state = demo_state_dict()
+    for rank in range(2):
+        shard = {k: torch.tensor_split(v, 2, dim=0)[rank].clone() for k, v in state.items()}
+        shard["trainer_args"] = argparse.Namespace(lr=1e-6)  # a Python object, not a tensor
+        torch.save(shard, actor / f"model_world_size_2_rank_{rank}.pt")
+    with pytest.raises(
+        CollapsecheckError, match="pass --trust-checkpoint-pickle only if you trust"
+    ):
+        scan(actor, PROMPTS, **FAST)
+    same_numbers(scan(actor, PROMPTS, trust_checkpoint_pickle=True, **FAST), plain_report)
+
+
+def test_lora_adapter_on_a_demo_base(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(HEALTHY)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    adapted = get_peft_model(base, config)
+    with torch.no_grad():  # a trained adapter: small, but not the identity
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02)
+    adapted.save_pretrained(tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())[
+        "base_model_name_or_path"
+    ] == str(HEALTHY)
+    merged = adapted.merge_and_unload()
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged.state_dict()[key], demo_state_dict()[key])
+    merged.save_pretrained(tmp_path / "merged")
+    for name in CONFIG_FILES[2:]:
+        shutil.copy(HEALTHY / name, tmp_path / "merged")
+    reference = scan(tmp_path / "merged", PROMPTS, **FAST)
+    assert require_checkpoint(tmp_path / "adapter").kind == "peft"
+    same_numbers(scan(tmp_path / "adapter", PROMPTS, **FAST), reference)
+
+    # an adapter whose base is a hub name: it must be given locally
+    adapter_config = tmp_path / "adapter" / "adapter_config.json"
+    data = json.loads(adapter_config.read_text())
+    adapter_config.write_text(json.dumps({**data, "base_model_name_or_path": "org/some-hub-model"}))
+    with pytest.raises(
+        CollapsecheckError, match="not a local directory; give its path with --base-model"
+    ):
+        scan(tmp_path / "adapter", PROMPTS, **FAST)
+    same_numbers(scan(tmp_path / "adapter", PROMPTS, base_model=HEALTHY, **FAST), reference)
+
+
+def test_sharded_safetensors_with_an_index(tmp_path, plain_report):
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(HEALTHY).save_pretrained(tmp_path, max_shard_size="300KB")
+    for name in CONFIG_FILES[2:]:
+        shutil.copy(HEALTHY / name, tmp_path)
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    same_numbers(scan(tmp_path, PROMPTS, **FAST), plain_report)
+
+
+def test_an_unknown_directory_says_what_was_found(tmp_path):
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "optimizer.pt").write_bytes(b"x")
+    (tmp_path / "odd" / "huggingface").mkdir()
+    with pytest.raises(CollapsecheckError, match=r"found: huggingface; expected config.json"):
+        require_checkpoint(tmp_path / "odd")

@@ -72,7 +72,8 @@ def reasoning_spec(tags: str | None, regex: str | None, whole: bool) -> Reasonin
 # -- options shared by `scan` and `compare` ------------------------------------------------
 
 Prompts = Annotated[
-    Path | None, typer.Option("--prompts", "-p", help="Prompt set: JSONL or plain text.")
+    Path | None,
+    typer.Option("--prompts", "-p", help="Prompt set: JSONL, parquet (veRL) or plain text."),
 ]
 Samples = Annotated[int, typer.Option("-k", "--samples", help="Samples per prompt.")]
 NumPrompts = Annotated[
@@ -93,6 +94,9 @@ WholeResponse = Annotated[
 ]
 AsChat = Annotated[
     bool, typer.Option("--as-chat", help="Wrap plain-string prompts as one user message.")
+]
+SystemPrompt = Annotated[
+    str | None, typer.Option(help="Add this system message to prompts that have none.")
 ]
 PromptField = Annotated[
     str | None, typer.Option(help="JSONL field holding the prompt (default prompt/messages).")
@@ -155,6 +159,7 @@ SCAN_PARAMETERS = [
     _keyword("reasoning_regex", ReasoningRegex, None),
     _keyword("whole_response", WholeResponse, False),
     _keyword("as_chat", AsChat, False),
+    _keyword("system_prompt", SystemPrompt, None),
     _keyword("prompt_field", PromptField, None),
     _keyword("device", Device, "auto"),
     _keyword("dtype", Dtype, "auto"),
@@ -184,6 +189,7 @@ def scan_options(values: dict[str, Any]) -> dict[str, Any]:
             values["reasoning_tags"], values["reasoning_regex"], values["whole_response"]
         ),
         "as_chat": values["as_chat"],
+        "system_prompt": values["system_prompt"],
         "prompt_field": values["prompt_field"],
         "device": values["device"],
         "dtype": values["dtype"],

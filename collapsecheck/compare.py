@@ -30,7 +30,7 @@ COMPARE_KEYS = (
     "distinct_reasoning_rate",
     "valid_reasoning_rate",
 )
-SAME_PROMPTS_KEYS = ("prompts_sha256", "num_prompts", "as_chat")
+SAME_PROMPTS_KEYS = ("prompts_sha256", "num_prompts", "as_chat", "system_prompt")
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Prompt sets in: JSONL (`{"prompt": ...}` or `{"messages": [...]}`) or plain text, and their
-rendering to token ids (SPEC "Inputs": chat messages through the chat template with the
-generation prompt added; plain strings verbatim).
+"""Prompt sets in: JSONL (`{"prompt": ...}` or `{"messages": [...]}`), parquet (veRL's datasets:
+a `prompt` column of chat messages beside `data_source`, `reward_model`, `extra_info`) or
+plain text, and their rendering to token ids (SPEC "Inputs": chat messages through the chat
+template with the generation prompt added; plain strings verbatim).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from collapsecheck.errors import CollapsecheckError
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+PARQUET_SUFFIXES = (".parquet", ".pq")
 TEXT_FIELDS = ("prompt", "messages")
 
 Messages = list[dict[str, str]]
@@ -82,6 +84,35 @@ def _prompt_from_json(row: Any, field: str | None, where: str) -> str | Messages
     return _messages(value, f"{where} ({name!r})")
 
 
+def plain_value(value: Any) -> Any:
+    """A value read from parquet as plain Python: arrays become lists, recursively."""
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [plain_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain_value(v) for k, v in value.items()}
+    return value
+
+
+def read_parquet_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a parquet file as plain dictionaries."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as err:  # pyarrow raises several types for a bad file
+        raise CollapsecheckError(f"{path}: not a readable parquet file ({err})") from None
+    return [plain_value(row) for row in frame.to_dict(orient="records")]
+
+
+def _parquet_prompts(path: Path, field: str | None) -> list[Prompt]:
+    return [
+        Prompt(_prompt_from_json(row, field, f"{path}: row {number}"), f"{path}: row {number}")
+        for number, row in enumerate(read_parquet_rows(path), start=1)
+    ]
+
+
 def _is_jsonl(path: Path, lines: list[str]) -> bool:
     if path.suffix.lower() in JSONL_SUFFIXES:
         return True
@@ -98,6 +129,11 @@ def load_prompts(
     path = Path(path)
     if not path.is_file():
         raise CollapsecheckError(f"prompt file not found: {path}")
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        prompts = _parquet_prompts(path, field)[:num_prompts]
+        if not prompts:
+            raise CollapsecheckError(f"{path}: no prompts found (the file has no rows)")
+        return prompts
     lines = _decode_lines(path)
     jsonl = _is_jsonl(path, lines)
     prompts: list[Prompt] = []
@@ -121,11 +157,18 @@ def load_prompts(
     return prompts
 
 
-def render_prompt(prompt: Prompt, tokenizer: Any, *, as_chat: bool = False) -> RenderedPrompt:
-    """Render one prompt to text and token ids with the checkpoint's tokenizer."""
+def render_prompt(
+    prompt: Prompt, tokenizer: Any, *, as_chat: bool = False, system_prompt: str | None = None
+) -> RenderedPrompt:
+    """Render one prompt to text and token ids with the checkpoint's tokenizer.
+
+    `as_chat` or a `system_prompt` turn a plain string into a user message; the system prompt
+    is added to chat prompts that do not begin with one of their own."""
     content = prompt.content
-    if as_chat and isinstance(content, str):
+    if isinstance(content, str) and (as_chat or system_prompt):
         content = [{"role": "user", "content": content}]
+    if system_prompt and isinstance(content, list) and content[0]["role"] != "system":
+        content = [{"role": "system", "content": system_prompt}, *content]
     if isinstance(content, list):
         if not getattr(tokenizer, "chat_template", None):
             raise CollapsecheckError(

@@ -111,6 +111,7 @@ def scan(
     trust_checkpoint_pickle: bool = False,
     base_model: str | Path | None = None,
     as_chat: bool = False,
+    system_prompt: str | None = None,
     prompt_field: str | None = None,
     resamples: int = DEFAULT_RESAMPLES,
     dump: str | Path | None = None,
@@ -149,7 +150,10 @@ def scan(
             trust_checkpoint_pickle=trust_checkpoint_pickle,
             base_model=base_model,
         )
-    rendered = [render_prompt(p, backend.tokenizer, as_chat=as_chat) for p in prompt_list]
+    rendered = [
+        render_prompt(p, backend.tokenizer, as_chat=as_chat, system_prompt=system_prompt)
+        for p in prompt_list
+    ]
     prompt_ids = [r.ids for r in rendered]
     groups = column_groups(prompt_ids)
     if len(set(groups.tolist())) < 2:
@@ -206,6 +210,7 @@ def scan(
                 else f"sampled negatives: own prompt + {negatives} others per trace",
             },
             "as_chat": as_chat,
+            "system_prompt": system_prompt,
             "bootstrap_resamples": resamples,
             **backend.describe(),
             "versions": versions(),

@@ -91,3 +91,41 @@ def test_chat_prompt_without_chat_template_is_a_clear_error(demo_tokenizer):
     tokenizer.chat_template = None
     with pytest.raises(CollapsecheckError, match=r"f:3: .* has no chat template"):
         render_prompt(Prompt([{"role": "user", "content": "x"}], "f:3"), tokenizer)
+
+
+def test_verl_parquet_prompts(tmp_path):
+    import pandas as pd
+
+    rows = [
+        {
+            "data_source": "gridworld",
+            "prompt": [{"role": "user", "content": f"agent {i},0 goal 0,{i}"}],
+            "ability": "navigation",
+            "reward_model": {"style": "rule", "ground_truth": "up"},
+            "extra_info": {"index": i, "split": "test"},
+        }
+        for i in range(1, 4)
+    ]
+    path = tmp_path / "test.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    prompts = load_prompts(path)
+    assert [p.content for p in prompts] == [r["prompt"] for r in rows]
+    assert prompts[0].origin == f"{path}: row 1"
+    assert len(load_prompts(path, num_prompts=2)) == 2
+    with pytest.raises(CollapsecheckError, match=r"row 1: no 'question' field"):
+        load_prompts(path, field="question")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    with pytest.raises(CollapsecheckError, match="not a readable parquet file"):
+        load_prompts(tmp_path / "bad.parquet")
+
+
+def test_system_prompt_is_added_where_missing(demo_tokenizer):
+    chat = Prompt([{"role": "user", "content": "agent 1,1 goal 2,2"}], "f:1")
+    rendered = render_prompt(chat, demo_tokenizer, system_prompt="grid agent.")
+    assert rendered.text.startswith("<|system|>grid agent.<|end|>\n<|user|>agent 1,1")
+    own = Prompt([{"role": "system", "content": "mine"}, {"role": "user", "content": "x"}], "f:2")
+    assert render_prompt(own, demo_tokenizer, system_prompt="other").text.startswith(
+        "<|system|>mine<|end|>"
+    )
+    plain = render_prompt(Prompt("agent 1,1", "f:3"), demo_tokenizer, system_prompt="grid agent.")
+    assert plain.text.startswith("<|system|>grid agent.<|end|>\n<|user|>agent 1,1")

@@ -11,7 +11,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import CrossLogProbs, Estimate, compute_metrics
 from collapsecheck.reasoning import ReasoningSpec
 from collapsecheck.report import Report
-from collapsecheck.scan import scan
+from collapsecheck.scan import scan, score
 from collapsecheck.verdict import Thresholds, Verdict, decide
 
 __all__ = [
@@ -26,4 +26,5 @@ __all__ = [
     "compute_metrics",
     "decide",
     "scan",
+    "score",
 ]

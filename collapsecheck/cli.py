@@ -12,6 +12,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -109,6 +110,19 @@ BatchTokens = Annotated[
 ]
 SampleBatch = Annotated[int, typer.Option(help="Sequences decoded together while sampling.")]
 Bootstrap = Annotated[int, typer.Option(help="Bootstrap resamples.")]
+DependenceHigh = Annotated[
+    float | None, typer.Option(help="Input dependence is high at or above this [0.7].")
+]
+DependenceCollapsed = Annotated[
+    float | None, typer.Option(help="Input dependence is collapsed at or below this [0.3].")
+]
+EntropyLow = Annotated[
+    float | None, typer.Option(help="H(Z|X) below this (nats/trace) is low [1.0].")
+]
+FailOn = Annotated[
+    str | None,
+    typer.Option(help="Regimes that fail the gate, comma-separated, or none [the collapses]."),
+]
 BaseModel = Annotated[
     Path | None, typer.Option(help="Base model directory of a LoRA/PEFT adapter checkpoint.")
 ]
@@ -147,88 +161,141 @@ def _keyword(name: str, annotation: Any, default: Any) -> inspect.Parameter:
     )
 
 
-# The options shared by `scan` and `compare`, declared once (name, typer annotation, default).
-SCAN_PARAMETERS = [
-    _keyword("samples", Samples, 8),
-    _keyword("num_prompts", NumPrompts, None),
-    _keyword("max_new_tokens", MaxNewTokens, 256),
-    _keyword("temperature", Temperature, 1.0),
-    _keyword("top_p", TopP, 1.0),
-    _keyword("seed", Seed, 0),
-    _keyword("reasoning_tags", ReasoningTags, None),
-    _keyword("reasoning_regex", ReasoningRegex, None),
-    _keyword("whole_response", WholeResponse, False),
-    _keyword("as_chat", AsChat, False),
-    _keyword("system_prompt", SystemPrompt, None),
-    _keyword("prompt_field", PromptField, None),
-    _keyword("device", Device, "auto"),
-    _keyword("dtype", Dtype, "auto"),
-    _keyword("scorer", Scorer, "cached"),
-    _keyword("batch_tokens", BatchTokens, DEFAULT_BATCH_TOKENS),
-    _keyword("sample_batch", SampleBatch, DEFAULT_SAMPLE_ROWS),
-    _keyword("negatives", Negatives, None),
-    _keyword("base_model", BaseModel, None),
-    _keyword("trust_remote_code", TrustRemoteCode, False),
-    _keyword("trust_checkpoint_pickle", TrustPickle, False),
-    _keyword("bootstrap", Bootstrap, DEFAULT_RESAMPLES),
-]
+@dataclass(frozen=True)
+class OptionGroup:
+    """Options declared once and shared by several commands: the command receives them as one
+    keyword argument, `name`, built from their values by `build`."""
+
+    name: str
+    parameters: list[inspect.Parameter]
+    build: Callable[[dict[str, Any]], Any]
 
 
-def scan_options(values: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of `collapsecheck.scan` from the shared options' values."""
-    if values["bootstrap"] < 0:
-        raise CollapsecheckError(f"--bootstrap must be >= 0, got {values['bootstrap']}")
+def sampling_options(values: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of `collapsecheck.scan` that only sampling needs."""
     return {
         "k": values["samples"],
         "num_prompts": values["num_prompts"],
         "max_new_tokens": values["max_new_tokens"],
         "temperature": values["temperature"],
         "top_p": values["top_p"],
-        "seed": values["seed"],
-        "reasoning": reasoning_spec(
-            values["reasoning_tags"], values["reasoning_regex"], values["whole_response"]
-        ),
-        "as_chat": values["as_chat"],
-        "system_prompt": values["system_prompt"],
-        "prompt_field": values["prompt_field"],
-        "device": values["device"],
-        "dtype": values["dtype"],
-        "scorer": values["scorer"],
-        "batch_tokens": values["batch_tokens"],
         "sample_rows": values["sample_batch"],
-        "negatives": values["negatives"],
-        "base_model": values["base_model"],
-        "trust_remote_code": values["trust_remote_code"],
-        "trust_checkpoint_pickle": values["trust_checkpoint_pickle"],
-        "resamples": values["bootstrap"],
     }
 
 
-def with_scan_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give a command the shared scan options; it receives them as `options`, the keyword
-    arguments of `collapsecheck.scan`."""
-    signature = inspect.signature(command, eval_str=True)
-    own = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for p in signature.parameters.values()
-        if p.name != "options"
-    ]
-    # arguments and --prompts first, then the shared options, then the command's own
-    leading = [p for p in own if p.default is inspect.Parameter.empty or p.name == "prompts"]
-    trailing = [p for p in own if p not in leading]
+def scoring_options(values: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of `collapsecheck.scan` and `collapsecheck.score` for loading the
+    model, reading prompts and reasoning, cross-scoring and the bootstrap."""
+    if values["bootstrap"] < 0:
+        raise CollapsecheckError(f"--bootstrap must be >= 0, got {values['bootstrap']}")
+    spec = reasoning_spec(
+        values.pop("reasoning_tags"), values.pop("reasoning_regex"), values.pop("whole_response")
+    )
+    resamples = values.pop("bootstrap")
+    return {**values, "reasoning": spec, "resamples": resamples}
 
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> None:
-        values = {p.name: kwargs.pop(p.name) for p in SCAN_PARAMETERS}
-        with user_errors():
-            options = scan_options(values)
-        command(options=options, **kwargs)
 
-    parameters = leading + SCAN_PARAMETERS + trailing
-    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {}
-    del wrapper.__wrapped__  # typer must read the new signature, not the command's
-    return wrapper
+def gate_options(values: dict[str, Any]) -> Any:
+    from collapsecheck.config import load_gate
+
+    thresholds = ("dependence_high", "dependence_collapsed", "entropy_low")
+    return load_gate(
+        values["config"],
+        fail_on=values["fail_on"],
+        thresholds={key: values[key] for key in thresholds},
+        minimums={
+            "normalized_mi": values["min_normalized_mi"],
+            "retrieval_skill": values["min_retrieval_skill"],
+            "valid_reasoning_rate": values["min_valid_reasoning_rate"],
+            "conditional_entropy_seq_est": values["min_conditional_entropy"],
+        },
+    )
+
+
+MinimumOption = Annotated[float | None, typer.Option(help="Fail below this.")]
+SAMPLING = OptionGroup(
+    "sampling",
+    [
+        _keyword("samples", Samples, 8),
+        _keyword("num_prompts", NumPrompts, None),
+        _keyword("max_new_tokens", MaxNewTokens, 256),
+        _keyword("temperature", Temperature, 1.0),
+        _keyword("top_p", TopP, 1.0),
+        _keyword("sample_batch", SampleBatch, DEFAULT_SAMPLE_ROWS),
+    ],
+    sampling_options,
+)
+SCORING = OptionGroup(
+    "scoring",
+    [
+        _keyword("seed", Seed, 0),
+        _keyword("reasoning_tags", ReasoningTags, None),
+        _keyword("reasoning_regex", ReasoningRegex, None),
+        _keyword("whole_response", WholeResponse, False),
+        _keyword("as_chat", AsChat, False),
+        _keyword("system_prompt", SystemPrompt, None),
+        _keyword("prompt_field", PromptField, None),
+        _keyword("device", Device, "auto"),
+        _keyword("dtype", Dtype, "auto"),
+        _keyword("scorer", Scorer, "cached"),
+        _keyword("batch_tokens", BatchTokens, DEFAULT_BATCH_TOKENS),
+        _keyword("negatives", Negatives, None),
+        _keyword("base_model", BaseModel, None),
+        _keyword("trust_remote_code", TrustRemoteCode, False),
+        _keyword("trust_checkpoint_pickle", TrustPickle, False),
+        _keyword("bootstrap", Bootstrap, DEFAULT_RESAMPLES),
+    ],
+    scoring_options,
+)
+GATE = OptionGroup(
+    "gate",
+    [
+        _keyword("dependence_high", DependenceHigh, None),
+        _keyword("dependence_collapsed", DependenceCollapsed, None),
+        _keyword("entropy_low", EntropyLow, None),
+        _keyword("fail_on", FailOn, None),
+        _keyword("min_normalized_mi", MinimumOption, None),
+        _keyword("min_retrieval_skill", MinimumOption, None),
+        _keyword("min_valid_reasoning_rate", MinimumOption, None),
+        _keyword("min_conditional_entropy", MinimumOption, None),
+        _keyword("config", Config, None),
+    ],
+    gate_options,
+)
+
+
+def with_options(*groups: OptionGroup) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the options of `groups`; it receives each group as one argument."""
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        signature = inspect.signature(command, eval_str=True)
+        names = {group.name for group in groups}
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in signature.parameters.values()
+            if p.name not in names
+        ]
+        # arguments and --prompts first, then the shared options, then the command's own
+        leading = [p for p in own if p.default is inspect.Parameter.empty or p.name == "prompts"]
+        trailing = [p for p in own if p not in leading]
+        shared = [p for group in groups for p in group.parameters]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> None:
+            built = {}
+            with user_errors():
+                for group in groups:
+                    values = {p.name: kwargs.pop(p.name) for p in group.parameters}
+                    built[group.name] = group.build(values)
+            command(**built, **kwargs)
+
+        parameters = leading + shared + trailing
+        wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {}
+        del wrapper.__wrapped__  # typer must read the new signature, not the command's
+        return wrapper
+
+    return decorate
 
 
 def require_prompts(prompts: Path | None) -> Path:
@@ -252,48 +319,52 @@ def finish_gate(
         raise typer.Exit(EXIT_FAIL)
 
 
+def gate_single_report(
+    report: Any, gate: Any, title: str, json_path: Path | None, markdown: Path | None,
+    junit: Path | None,
+) -> None:  # fmt: skip
+    """Write a report's outputs, print it, and apply the gate to it."""
+    from collapsecheck.console import print_report
+    from collapsecheck.dump import write_text_atomic
+    from collapsecheck.gate import check_report, markdown_report
+
+    with user_errors():
+        results = check_report(report, gate)
+        if json_path is not None:
+            report.save(json_path)
+        if markdown is not None:
+            write_text_atomic(markdown, markdown_report(title, report, results))
+    print_report(stdout, report)
+    with user_errors():
+        finish_gate(results, junit, "collapsecheck")
+
+
+Dump = Annotated[
+    Path | None, typer.Option(help="Write the SPEC dump of one checkpoint to this directory.")
+]
+
+
 @app.command()
-@with_scan_options
+@with_options(SAMPLING, SCORING, GATE)
 def scan(
     checkpoint: Annotated[
         Path, typer.Argument(help="A checkpoint directory, or a run directory of checkpoints.")
     ],
-    options: dict[str, Any],
+    sampling: dict[str, Any],
+    scoring: dict[str, Any],
+    gate: Any,
     prompts: Prompts = None,
-    dependence_high: Annotated[
-        float | None, typer.Option(help="Input dependence is high at or above this [0.7].")
-    ] = None,
-    dependence_collapsed: Annotated[
-        float | None, typer.Option(help="Input dependence is collapsed at or below this [0.3].")
-    ] = None,
-    entropy_low: Annotated[
-        float | None, typer.Option(help="H(Z|X) below this (nats/trace) is low [1.0].")
-    ] = None,
-    fail_on: Annotated[
-        str | None,
-        typer.Option(help="Regimes that fail the gate, comma-separated, or none [collapses]."),
-    ] = None,
-    min_normalized_mi: Annotated[float | None, typer.Option(help="Fail below this.")] = None,
-    min_retrieval_skill: Annotated[float | None, typer.Option(help="Fail below this.")] = None,
-    min_valid_reasoning_rate: Annotated[float | None, typer.Option(help="Fail below this.")] = None,
-    min_conditional_entropy: Annotated[
-        float | None, typer.Option(help="Fail when H(Z|X) (nats/trace) is below this.")
-    ] = None,
-    config: Config = None,
     out: Out = None,
     rescan: Rescan = False,
     json_path: JsonPath = None,
-    dump: Annotated[
-        Path | None, typer.Option(help="Write the SPEC dump of one checkpoint to this directory.")
-    ] = None,
+    dump: Dump = None,
     plot: Annotated[Path | None, typer.Option(help="Draw a run's picture to this PNG.")] = None,
     junit: Junit = None,
     markdown: Markdown = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.cache import default_cache_root
-    from collapsecheck.config import load_gate
-    from collapsecheck.console import print_report, print_run, progress_bars
+    from collapsecheck.console import print_run, progress_bars
     from collapsecheck.discovery import find_checkpoints
     from collapsecheck.dump import write_text_atomic
     from collapsecheck.gate import check_report, markdown_report
@@ -301,24 +372,10 @@ def scan(
     from collapsecheck.runs import cached_scan, scan_run
     from collapsecheck.scan import scan as run_scan
 
+    options = {**sampling, **scoring}
     with user_errors():
-        gate = load_gate(
-            config,
-            fail_on=fail_on,
-            thresholds={
-                "dependence_high": dependence_high,
-                "dependence_collapsed": dependence_collapsed,
-                "entropy_low": entropy_low,
-            },
-            minimums={
-                "normalized_mi": min_normalized_mi,
-                "retrieval_skill": min_retrieval_skill,
-                "valid_reasoning_rate": min_valid_reasoning_rate,
-                "conditional_entropy_seq_est": min_conditional_entropy,
-            },
-        )
         prompt_file = require_prompts(prompts)
-        model_dir, run = find_checkpoints(checkpoint, options["base_model"])
+        single, run = find_checkpoints(checkpoint, scoring["base_model"])
         if dump is not None and (run or out is not None):
             raise CollapsecheckError(
                 "--dump takes one checkpoint without --out (cached scans keep their dump "
@@ -332,45 +389,95 @@ def scan(
                     checkpoint, run, prompt_file, cache_root=out or default_cache_root(),
                     rescan=rescan, thresholds=gate.thresholds, progress=progress, **options,
                 )  # fmt: skip
-                report = run_report.steps[-1].report
             elif out is not None:
                 report = cached_scan(
-                    model_dir, prompt_file, cache_root=out, rescan=rescan,
+                    single, prompt_file, cache_root=out, rescan=rescan,
                     thresholds=gate.thresholds, progress=progress, **options,
                 )  # fmt: skip
             else:
                 report = run_scan(
-                    model_dir, prompt_file, dump=dump, thresholds=gate.thresholds,
+                    single, prompt_file, dump=dump, thresholds=gate.thresholds,
                     progress=progress, **options,
                 )  # fmt: skip
-        results = check_report(report, gate)
-        if run:
-            title = f"{checkpoint} (latest: {run[-1].label})"
-            if json_path is not None:
-                run_report.save(json_path)
-            if plot is not None:
-                plot_run(run_report, plot)
-        else:
-            title = str(checkpoint)
-            if json_path is not None:
-                report.save(json_path)
-        if markdown is not None:
-            summary = markdown_report(title, report, results, run_report if run else None)
-            write_text_atomic(markdown, summary)
-    if run:
-        print_run(stdout, run_report)
-    else:
-        print_report(stdout, report)
+    if not run:
+        gate_single_report(report, gate, str(checkpoint), json_path, markdown, junit)
+        return
     with user_errors():
-        finish_gate(results, junit, "collapsecheck.scan")
+        report = run_report.steps[-1].report
+        results = check_report(report, gate)
+        if json_path is not None:
+            run_report.save(json_path)
+        if plot is not None:
+            plot_run(run_report, plot)
+        if markdown is not None:
+            title = f"{checkpoint} (latest: {run[-1].label})"
+            write_text_atomic(markdown, markdown_report(title, report, results, run_report))
+    print_run(stdout, run_report)
+    with user_errors():
+        finish_gate(results, junit, "collapsecheck")
 
 
 @app.command()
-@with_scan_options
+@with_options(SCORING, GATE)
+def score(
+    rollouts: Annotated[
+        Path, typer.Argument(help="Rollouts (JSONL or parquet), or a --dump directory.")
+    ],
+    scoring: dict[str, Any],
+    gate: Any,
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", "-c", help="The policy that produced the rollouts.")
+    ],
+    response_field: Annotated[
+        str | None, typer.Option(help="Field of the response text [response/output/completion].")
+    ] = None,
+    response_ids_field: Annotated[
+        str | None, typer.Option(help="Field of the response's sampled token ids, if any.")
+    ] = None,
+    group_field: Annotated[
+        str | None, typer.Option(help="Field grouping rows by prompt [uid/group_id/prompt_id].")
+    ] = None,
+    turn_sampling: Annotated[
+        str, typer.Option(help="Multi-turn rollouts: turn, trajectory or first.")
+    ] = "turn",
+    pairs: Annotated[
+        int | None, typer.Option(help="Multi-turn rollouts: (trajectory, turn) pairs to sample.")
+    ] = None,
+    json_path: JsonPath = None,
+    dump: Dump = None,
+    junit: Junit = None,
+    markdown: Markdown = None,
+) -> None:
+    """Diagnose traces that training already sampled: cross-scoring only, no generation."""
+    from collapsecheck.console import progress_bars
+    from collapsecheck.rollouts import RolloutOptions
+    from collapsecheck.scan import score as run_score
+
+    with user_errors():
+        options = RolloutOptions(
+            prompt_field=scoring.pop("prompt_field"),
+            response_field=response_field,
+            response_ids_field=response_ids_field,
+            group_field=group_field,
+            turn_sampling=turn_sampling,
+            pairs=pairs,
+            seed=scoring["seed"],
+        )
+        with progress_bars(stderr) as progress:
+            report = run_score(
+                checkpoint, rollouts, rollout_options=options, thresholds=gate.thresholds,
+                dump=dump, progress=progress, **scoring,
+            )  # fmt: skip
+    gate_single_report(report, gate, f"{rollouts} under {checkpoint}", json_path, markdown, junit)
+
+
+@app.command()
+@with_options(SAMPLING, SCORING)
 def compare(
     a: Annotated[Path, typer.Argument(help="Checkpoint A (the baseline), or its report.json.")],
     b: Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")],
-    options: dict[str, Any],
+    sampling: dict[str, Any],
+    scoring: dict[str, Any],
     prompts: Prompts = None,
     max_drop: Annotated[
         float | None,
@@ -398,35 +505,29 @@ def compare(
     from collapsecheck.report import Report
     from collapsecheck.runs import cached_scan
 
+    options = {**sampling, **scoring}
     with user_errors():
         gate = load_gate(config, max_drop=max_drop)
 
         def obtain(path: Path, progress: Any) -> Report:
             if path.is_file():
                 return Report.load(path)
-            if (
-                path.is_dir()
-                and (path / REPORT_FILE).is_file()
-                and not (path / "config.json").exists()
-            ):
+            if (path / REPORT_FILE).is_file() and not (path / "config.json").exists():
                 return Report.load(path / REPORT_FILE)
-            model_dir, run = find_checkpoints(path, options["base_model"])
+            single, run = find_checkpoints(path, scoring["base_model"])
             if run:
                 raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
             return cached_scan(
-                model_dir, require_prompts(prompts), cache_root=out or default_cache_root(),
+                single, require_prompts(prompts), cache_root=out or default_cache_root(),
                 rescan=rescan, thresholds=gate.thresholds, progress=progress, **options,
             )  # fmt: skip
 
         with progress_bars(stderr) as progress:
             first, second = obtain(a, progress), obtain(b, progress)
         comparison = compare_reports(
-            first,
-            second,
-            max_drop=gate.max_drop,
-            resamples=options["resamples"],
+            first, second, max_drop=gate.max_drop, resamples=options["resamples"],
             seed=options["seed"],
-        )
+        )  # fmt: skip
         results = [RuleResult("input dependence kept", not comparison.lost, comparison.reason)]
         if json_path is not None:
             import json

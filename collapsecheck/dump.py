@@ -96,7 +96,7 @@ def write_matrix(directory: Path, scores: CrossScores) -> None:
     _write_atomic(directory / MATRIX_FILE, "wb", save)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
@@ -114,8 +114,8 @@ def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
     """The matrix and per-prompt counts of a dump: what `compute_metrics` needs to redo the
     analysis."""
     directory = Path(directory)
-    prompts = _read_jsonl(directory / PROMPTS_FILE)
-    traces = _read_jsonl(directory / TRACES_FILE)
+    prompts = read_jsonl(directory / PROMPTS_FILE)
+    traces = read_jsonl(directory / TRACES_FILE)
     try:
         with np.load(directory / MATRIX_FILE) as npz:
             arrays = {key: npz[key] for key in npz.files}

@@ -68,9 +68,7 @@ def _messages(value: Any, where: str) -> Messages:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def _prompt_from_json(row: Any, field: str | None, where: str) -> str | Messages:
-    if not isinstance(row, dict):
-        raise CollapsecheckError(f"{where}: expected a JSON object, got {type(row).__name__}")
+def prompt_from_row(row: Any, field: str | None, where: str) -> str | Messages:
     fields = (field,) if field else TEXT_FIELDS
     name = next((f for f in fields if f in row), None)
     if name is None:
@@ -106,13 +104,6 @@ def read_parquet_rows(path: Path) -> list[dict[str, Any]]:
     return [plain_value(row) for row in frame.to_dict(orient="records")]
 
 
-def _parquet_prompts(path: Path, field: str | None) -> list[Prompt]:
-    return [
-        Prompt(_prompt_from_json(row, field, f"{path}: row {number}"), f"{path}: row {number}")
-        for number, row in enumerate(read_parquet_rows(path), start=1)
-    ]
-
-
 def _is_jsonl(path: Path, lines: list[str]) -> bool:
     if path.suffix.lower() in JSONL_SUFFIXES:
         return True
@@ -120,6 +111,29 @@ def _is_jsonl(path: Path, lines: list[str]) -> bool:
         return False
     first = next((line.strip() for line in lines if line.strip()), "")
     return first.startswith("{")
+
+
+def _jsonl_rows(path: Path, lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CollapsecheckError(f"{where}: malformed JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise CollapsecheckError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        rows.append((where, row))
+    return rows
+
+
+def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The rows of a JSONL or parquet file, each with where it is ("FILE:LINE", "FILE: row N")."""
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        return [(f"{path}: row {n}", row) for n, row in enumerate(read_parquet_rows(path), 1)]
+    return _jsonl_rows(path, _decode_lines(path))
 
 
 def load_prompts(
@@ -130,28 +144,19 @@ def load_prompts(
     if not path.is_file():
         raise CollapsecheckError(f"prompt file not found: {path}")
     if path.suffix.lower() in PARQUET_SUFFIXES:
-        prompts = _parquet_prompts(path, field)[:num_prompts]
-        if not prompts:
-            raise CollapsecheckError(f"{path}: no prompts found (the file has no rows)")
-        return prompts
-    lines = _decode_lines(path)
-    jsonl = _is_jsonl(path, lines)
-    prompts: list[Prompt] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        if jsonl:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CollapsecheckError(f"{where}: malformed JSON ({err.msg})") from None
-            content = _prompt_from_json(row, field, where)
+        rows = read_rows(path)
+    else:
+        lines = _decode_lines(path)
+        if _is_jsonl(path, lines):
+            rows = _jsonl_rows(path, lines)
         else:
-            content = line
-        prompts.append(Prompt(content, where))
-        if num_prompts is not None and len(prompts) == num_prompts:
-            break
+            rows = [
+                (f"{path}:{n}", {"prompt": line}) for n, line in enumerate(lines, 1) if line.strip()
+            ]
+            field = None
+    prompts = [
+        Prompt(prompt_from_row(row, field, where), where) for where, row in rows[:num_prompts]
+    ]
     if not prompts:
         raise CollapsecheckError(f"{path}: no prompts found (the file is empty or blank)")
     return prompts

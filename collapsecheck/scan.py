@@ -24,9 +24,16 @@ from collapsecheck.cross_scoring import column_groups, cross_score, request_coun
 from collapsecheck.dump import REPORT_FILE, write_matrix, write_samples
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import DEFAULT_RESAMPLES, compute_metrics, count_per_prompt
-from collapsecheck.prompts import Prompt, file_sha256, load_prompts, render_prompt
+from collapsecheck.prompts import (
+    Prompt,
+    RenderedPrompt,
+    file_sha256,
+    load_prompts,
+    render_prompt,
+)
 from collapsecheck.reasoning import ReasoningSpec, Trace, extract_traces
 from collapsecheck.report import Report
+from collapsecheck.rollouts import RolloutOptions, read_rollouts
 from collapsecheck.verdict import Thresholds, decide
 
 # Called once per stage with a description and the number of work units; returns the
@@ -89,86 +96,66 @@ def _no_reasoning_error(spec: ReasoningSpec, responses: int) -> CollapsecheckErr
     )
 
 
-def scan(
+def load_backend(
     checkpoint: str | Path | Checkpoint,
-    prompts: str | Path,
     *,
-    k: int = 8,
-    num_prompts: int | None = None,
-    max_new_tokens: int = 256,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    reasoning: ReasoningSpec | None = None,
-    thresholds: Thresholds | None = None,
     device: str = "auto",
     dtype: str = "auto",
     scorer: str = "cached",
     batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
-    negatives: int | None = None,
     trust_remote_code: bool = False,
     trust_checkpoint_pickle: bool = False,
     base_model: str | Path | None = None,
-    as_chat: bool = False,
-    system_prompt: str | None = None,
-    prompt_field: str | None = None,
-    resamples: int = DEFAULT_RESAMPLES,
-    dump: str | Path | None = None,
-    progress: ProgressHook = silent,
-    backend: Backend | None = None,
+) -> Backend:
+    """The transformers backend of a checkpoint in any supported format."""
+    from collapsecheck.backends.hf import TransformersBackend
+
+    return TransformersBackend.from_checkpoint(
+        checkpoint,
+        device=device,
+        dtype=dtype,
+        scorer=scorer,
+        batch_tokens=batch_tokens,
+        sample_rows=sample_rows,
+        trust_remote_code=trust_remote_code,
+        trust_checkpoint_pickle=trust_checkpoint_pickle,
+        base_model=base_model,
+    )
+
+
+def checkpoint_name(checkpoint: str | Path | Checkpoint) -> str:
+    return str(checkpoint.path if isinstance(checkpoint, Checkpoint) else checkpoint)
+
+
+def diagnose(
+    backend: Backend,
+    prompts: Sequence[Prompt],
+    rendered: Sequence[RenderedPrompt],
+    traces: Sequence[Trace],
+    *,
+    spec: ReasoningSpec,
+    settings: dict[str, Any],
+    thresholds: Thresholds,
+    negatives: int | None,
+    seed: int,
+    resamples: int,
+    dump_dir: Path | None,
+    progress: ProgressHook,
+    timing: dict[str, Any],
 ) -> Report:
-    """Diagnose one checkpoint on one prompt set; see SPEC.md for every number it returns.
+    """From prompts and traces to the report: cross-scoring, metrics, verdict (and the dump).
 
-    `backend` lets a caller pass an already loaded model (for example inside a training
-    loop); otherwise the checkpoint directory is loaded with transformers.
-    """
-    started = time.perf_counter()
-    started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    params = SamplingParams(k, temperature, top_p, max_new_tokens, seed)
-    spec = reasoning or ReasoningSpec()
-    thresholds = thresholds or Thresholds()
-    if num_prompts is not None and num_prompts < 2:
-        raise CollapsecheckError(f"--num-prompts must be at least 2, got {num_prompts}")
-    prompt_path = Path(prompts)
-    prompt_list = load_prompts(prompt_path, num_prompts=num_prompts, field=prompt_field)
-    if len(prompt_list) < 2:
-        raise CollapsecheckError(
-            f"{prompt_path}: cross-scoring needs at least 2 prompts, found {len(prompt_list)}"
-        )
-    if backend is None:
-        from collapsecheck.backends.hf import TransformersBackend
-
-        backend = TransformersBackend.from_checkpoint(
-            checkpoint,
-            device=device,
-            dtype=dtype,
-            scorer=scorer,
-            batch_tokens=batch_tokens,
-            sample_rows=sample_rows,
-            trust_remote_code=trust_remote_code,
-            trust_checkpoint_pickle=trust_checkpoint_pickle,
-            base_model=base_model,
-        )
-    rendered = [
-        render_prompt(p, backend.tokenizer, as_chat=as_chat, system_prompt=system_prompt)
-        for p in prompt_list
-    ]
+    Shared by `scan` (traces it sampled) and `score` (traces read from rollouts)."""
     prompt_ids = [r.ids for r in rendered]
     groups = column_groups(prompt_ids)
     if len(set(groups.tolist())) < 2:
-        raise CollapsecheckError(f"{prompt_path}: all prompts render to the same tokens")
-
-    loaded = time.perf_counter()
-    samples = backend.generate(prompt_ids, params, progress("sampling", len(rendered)))
-    traces = extract_traces(samples, backend.decode, spec)
-    sampled = time.perf_counter()
-    dump_dir = Path(dump) if dump is not None else None
+        raise CollapsecheckError(f"{settings['prompts']}: all prompts render to the same tokens")
     if dump_dir is not None:
         write_samples(dump_dir, rendered, traces)
     if not any(t.valid for t in traces):
         raise _no_reasoning_error(spec, len(traces))
-
+    started = time.perf_counter()
     total = request_count(traces, prompt_ids, negatives)
     scores = cross_score(
         backend, traces, prompt_ids, progress("scoring", total), negatives=negatives, seed=seed
@@ -187,30 +174,22 @@ def scan(
         metrics = compute_metrics(scores.matrix, counts, resamples=resamples, seed=seed)
     except ValueError as err:
         raise CollapsecheckError(
-            f"{checkpoint}: no verdict: {err} (check the weights and --dtype)"
+            f"{settings['checkpoint']}: no verdict: {err} (check the weights and --dtype)"
         ) from None
+    estimator = (
+        "full matrix"
+        if scores.matrix.is_full
+        else f"sampled negatives: own prompt + {negatives} others per trace"
+    )
     report = Report(
         metrics=metrics,
         verdict=decide(metrics, thresholds),
         thresholds=thresholds,
         settings={
-            "checkpoint": str(
-                checkpoint.path if isinstance(checkpoint, Checkpoint) else checkpoint
-            ),
-            "prompts": str(prompt_path),
-            "prompts_sha256": file_sha256(prompt_path),
+            **settings,
             "num_prompts": len(rendered),
-            "samples_per_prompt": params.k,
-            "sampling": params.to_dict(),
             "reasoning": spec.to_dict(),
-            "cross_scoring": {
-                "negatives": negatives,
-                "estimator": "full matrix"
-                if scores.matrix.is_full
-                else f"sampled negatives: own prompt + {negatives} others per trace",
-            },
-            "as_chat": as_chat,
-            "system_prompt": system_prompt,
+            "cross_scoring": {"negatives": negatives, "estimator": estimator},
             "bootstrap_resamples": resamples,
             **backend.describe(),
             "versions": versions(),
@@ -223,16 +202,151 @@ def scan(
             "truncated_responses": sum(t.truncated for t in traces),
             "reasoning_tokens_mean": float(scores.reasoning_tokens.mean()),
         },
-        examples=example_traces(traces, prompt_list, groups),
-        timing={
-            "started_at": started_at,
-            "load_s": round(loaded - started, 3),
-            "sampling_s": round(sampled - loaded, 3),
-            "scoring_s": round(scored - sampled, 3),
-            "total_s": round(time.perf_counter() - started, 3),
-        },
+        examples=example_traces(traces, prompts, groups),
+        timing={**timing, "scoring_s": round(scored - started, 3)},
     )
     if dump_dir is not None:
         report.save(dump_dir / REPORT_FILE)
         report.dump_dir = dump_dir
     return report
+
+
+def scan(
+    checkpoint: str | Path | Checkpoint,
+    prompts: str | Path,
+    *,
+    k: int = 8,
+    num_prompts: int | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    reasoning: ReasoningSpec | None = None,
+    thresholds: Thresholds | None = None,
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    negatives: int | None = None,
+    as_chat: bool = False,
+    system_prompt: str | None = None,
+    prompt_field: str | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    dump: str | Path | None = None,
+    progress: ProgressHook = silent,
+    backend: Backend | None = None,
+    **load: Any,
+) -> Report:
+    """Diagnose one checkpoint on one prompt set; see SPEC.md for every number it returns.
+
+    `load` holds the options of `load_backend` (device, dtype, scorer, batch_tokens,
+    trust_remote_code, trust_checkpoint_pickle, base_model). `backend` lets a caller pass an
+    already loaded model (for example inside a training loop) instead.
+    """
+    started = time.perf_counter()
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    params = SamplingParams(k, temperature, top_p, max_new_tokens, seed)
+    if num_prompts is not None and num_prompts < 2:
+        raise CollapsecheckError(f"--num-prompts must be at least 2, got {num_prompts}")
+    prompt_path = Path(prompts)
+    prompt_list = load_prompts(prompt_path, num_prompts=num_prompts, field=prompt_field)
+    if len(prompt_list) < 2:
+        raise CollapsecheckError(
+            f"{prompt_path}: cross-scoring needs at least 2 prompts, found {len(prompt_list)}"
+        )
+    if backend is None:
+        backend = load_backend(checkpoint, sample_rows=sample_rows, **load)
+    rendered = [
+        render_prompt(p, backend.tokenizer, as_chat=as_chat, system_prompt=system_prompt)
+        for p in prompt_list
+    ]
+    loaded = time.perf_counter()
+    samples = backend.generate(
+        [r.ids for r in rendered], params, progress("sampling", len(rendered))
+    )
+    spec = reasoning or ReasoningSpec()
+    traces = extract_traces(samples, backend.decode, spec)
+    return diagnose(
+        backend,
+        prompt_list,
+        rendered,
+        traces,
+        spec=spec,
+        settings={
+            "checkpoint": checkpoint_name(checkpoint),
+            "prompts": str(prompt_path),
+            "prompts_sha256": file_sha256(prompt_path),
+            "samples_per_prompt": params.k,
+            "sampling": params.to_dict(),
+            "as_chat": as_chat,
+            "system_prompt": system_prompt,
+        },
+        thresholds=thresholds or Thresholds(),
+        negatives=negatives,
+        seed=seed,
+        resamples=resamples,
+        dump_dir=Path(dump) if dump is not None else None,
+        progress=progress,
+        timing={
+            "started_at": started_at,
+            "load_s": round(loaded - started, 3),
+            "sampling_s": round(time.perf_counter() - loaded, 3),
+        },
+    )
+
+
+def score(
+    checkpoint: str | Path | Checkpoint,
+    rollouts: str | Path,
+    *,
+    rollout_options: RolloutOptions | None = None,
+    seed: int = 0,
+    reasoning: ReasoningSpec | None = None,
+    thresholds: Thresholds | None = None,
+    negatives: int | None = None,
+    as_chat: bool = False,
+    system_prompt: str | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    dump: str | Path | None = None,
+    progress: ProgressHook = silent,
+    backend: Backend | None = None,
+    **load: Any,
+) -> Report:
+    """Diagnose traces that were already sampled (rollouts, or a scan's dump) under the
+    checkpoint that produced them: no generation, only cross-scoring. Reports exactly as
+    `scan` does."""
+    started = time.perf_counter()
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    if backend is None:
+        backend = load_backend(checkpoint, **load)
+    loaded = time.perf_counter()
+    options = rollout_options or RolloutOptions(seed=seed)
+    data = read_rollouts(
+        rollouts, backend.tokenizer, options, as_chat=as_chat, system_prompt=system_prompt
+    )
+    if len(data.prompts) < 2:
+        raise CollapsecheckError(
+            f"{rollouts}: cross-scoring needs at least 2 prompts, found {len(data.prompts)}"
+        )
+    spec = reasoning or ReasoningSpec()
+    traces = extract_traces(data.samples, backend.decode, spec)
+    return diagnose(
+        backend,
+        data.prompts,
+        data.rendered,
+        traces,
+        spec=spec,
+        settings={
+            "checkpoint": checkpoint_name(checkpoint),
+            "prompts": data.settings["rollouts"],
+            "prompts_sha256": data.settings["rollouts_sha256"],
+            "samples_per_prompt": max(len(s) for s in data.samples),
+            **data.settings,
+            "as_chat": as_chat,
+            "system_prompt": system_prompt,
+        },
+        thresholds=thresholds or Thresholds(),
+        negatives=negatives,
+        seed=seed,
+        resamples=resamples,
+        dump_dir=Path(dump) if dump is not None else None,
+        progress=progress,
+        timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
+    )

@@ -1,0 +1,202 @@
+"""Rollouts in: traces that training already sampled, so a diagnosis needs no generation.
+
+Three sources, all turned into prompts and (ids, truncated) samples per prompt:
+
+- Single-turn rollout rows (JSONL or parquet): a prompt (text or chat messages), a response
+  (text, or `--response-ids-field` token ids) and optionally a group id; rows are grouped
+  by the group id, else by the prompt. This covers RAGEN's JSONL trajectory export and veRL's
+  rollout dumps given the right field names.
+- Multi-turn rows: a `turns` list, each turn its own context (prompt or messages) and
+  response. (trajectory, turn) pairs are sampled as RAGEN-2 does (turn-uniform,
+  trajectory-uniform, or each trajectory's first turn); each sampled turn is one prompt with
+  one trace, scored against the other sampled turns' contexts.
+- A `--dump` directory of a scan: its rendered prompt ids and sampled response ids, exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collapsecheck.backends.base import Sample
+from collapsecheck.dump import PROMPTS_FILE, TRACES_FILE, read_jsonl
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.prompts import (
+    Prompt,
+    RenderedPrompt,
+    file_sha256,
+    prompt_from_row,
+    read_rows,
+    render_prompt,
+)
+
+RESPONSE_FIELDS = ("response", "output", "completion")
+GROUP_FIELDS = ("uid", "group_id", "prompt_id", "group")
+TURNS_FIELD = "turns"
+TURN_SAMPLINGS = ("turn", "trajectory", "first")
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """Field names and, for multi-turn rollouts, how turns are sampled."""
+
+    prompt_field: str | None = None
+    response_field: str | None = None
+    response_ids_field: str | None = None
+    group_field: str | None = None
+    turn_sampling: str = "turn"
+    pairs: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.turn_sampling not in TURN_SAMPLINGS:
+            raise CollapsecheckError(
+                f"--turn-sampling must be one of {', '.join(TURN_SAMPLINGS)}, "
+                f"got {self.turn_sampling!r}"
+            )
+        if self.pairs is not None and self.pairs < 2:
+            raise CollapsecheckError(f"--pairs must be at least 2, got {self.pairs}")
+
+
+@dataclass
+class Rollouts:
+    """Prompts with their traces' samples, ready for reasoning extraction and cross-scoring."""
+
+    prompts: list[Prompt]
+    rendered: list[RenderedPrompt]
+    samples: list[list[Sample]]
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Turn:
+    prompt: Prompt
+    response: Any  # text, or token ids
+    truncated: bool
+
+
+def _field(row: dict[str, Any], wanted: str | None, defaults: Sequence[str], where: str) -> Any:
+    names = (wanted,) if wanted else defaults
+    name = next((n for n in names if n in row), None)
+    if name is None:
+        raise CollapsecheckError(f"{where}: no {' or '.join(repr(n) for n in names)} field")
+    return row[name]
+
+
+def _turn(row: dict[str, Any], options: RolloutOptions, where: str) -> _Turn:
+    prompt = Prompt(prompt_from_row(row, options.prompt_field, where), where)
+    if options.response_ids_field:
+        ids = _field(row, options.response_ids_field, (), where)
+        if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+            raise CollapsecheckError(f"{where}: {options.response_ids_field} must be token ids")
+        response: Any = tuple(ids)
+    else:
+        response = _field(row, options.response_field, RESPONSE_FIELDS, where)
+        if not isinstance(response, str):
+            raise CollapsecheckError(f"{where}: the response must be text")
+    return _Turn(prompt, response, bool(row.get("truncated", False)))
+
+
+def _sample(turn: _Turn, tokenizer: Any) -> Sample:
+    if isinstance(turn.response, tuple):
+        return Sample(turn.response, turn.truncated)
+    ids = tokenizer(turn.response, add_special_tokens=False)["input_ids"]
+    return Sample(tuple(int(i) for i in ids), turn.truncated)
+
+
+def _group_single_turns(
+    rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+) -> list[list[_Turn]]:
+    groups: dict[str, list[_Turn]] = {}
+    for where, row in rows:
+        turn = _turn(row, options, where)
+        if options.group_field or any(f in row for f in GROUP_FIELDS):
+            key = json.dumps(_field(row, options.group_field, GROUP_FIELDS, where), default=str)
+        else:
+            key = json.dumps(turn.prompt.content)
+        groups.setdefault(key, []).append(turn)
+    return list(groups.values())
+
+
+def _sample_turns(
+    rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+) -> tuple[list[list[_Turn]], dict[str, Any]]:
+    """(trajectory, turn) pairs drawn without replacement: every pair equally likely
+    (turn-uniform), every trajectory equally likely then a turn within it
+    (trajectory-uniform), or each trajectory's first turn."""
+    pairs, weights = [], []
+    for where, row in rows:
+        turns = row[TURNS_FIELD]
+        if not isinstance(turns, list) or not turns:
+            raise CollapsecheckError(f"{where}: '{TURNS_FIELD}' must be a non-empty list")
+        for number, turn in enumerate(turns, start=1):
+            if options.turn_sampling == "first" and number > 1:
+                break
+            if not isinstance(turn, dict):
+                raise CollapsecheckError(f"{where} turn {number}: expected an object")
+            pairs.append(_turn(turn, options, f"{where} turn {number}"))
+            weights.append(1.0 / len(turns) if options.turn_sampling == "trajectory" else 1.0)
+    count = min(options.pairs or len(pairs), len(pairs))
+    rng = np.random.default_rng(options.seed)
+    p = np.array(weights) / sum(weights)
+    chosen = sorted(rng.choice(len(pairs), size=count, replace=False, p=p))
+    settings = {"turn_sampling": options.turn_sampling, "pairs": count, "available": len(pairs)}
+    return [[pairs[i]] for i in chosen], settings
+
+
+def read_rollouts(
+    path: str | Path,
+    tokenizer: Any,
+    options: RolloutOptions,
+    *,
+    as_chat: bool = False,
+    system_prompt: str | None = None,
+) -> Rollouts:
+    """Prompts and samples of a rollout file or a dump directory."""
+    path = Path(path)
+    if path.is_dir():
+        return _read_dump(path)
+    if not path.is_file():
+        raise CollapsecheckError(f"rollouts not found: {path}")
+    rows = read_rows(path)
+    if not rows:
+        raise CollapsecheckError(f"{path}: no rollouts found (the file is empty)")
+    settings: dict[str, Any] = {"rollouts": str(path), "rollouts_sha256": file_sha256(path)}
+    if TURNS_FIELD in rows[0][1]:
+        groups, sampled = _sample_turns(rows, options)
+        settings["multi_turn"] = sampled
+    else:
+        groups = _group_single_turns(rows, options)
+    prompts = [group[0].prompt for group in groups]
+    rendered = [
+        render_prompt(p, tokenizer, as_chat=as_chat, system_prompt=system_prompt) for p in prompts
+    ]
+    samples = [[_sample(turn, tokenizer) for turn in group] for group in groups]
+    return Rollouts(prompts, rendered, samples, settings)
+
+
+def _read_dump(directory: Path) -> Rollouts:
+    """A scan's dump: rendered prompts and sampled ids as they were, not re-tokenized."""
+    prompt_rows = read_jsonl(directory / PROMPTS_FILE)
+    trace_rows = read_jsonl(directory / TRACES_FILE)
+    try:
+        rendered = [RenderedPrompt(row["text"], tuple(row["ids"])) for row in prompt_rows]
+        samples: list[list[Sample]] = [[] for _ in rendered]
+        for row in trace_rows:
+            samples[row["prompt_index"]].append(
+                Sample(tuple(row["response_ids"]), bool(row["truncated"]))
+            )
+    except (KeyError, IndexError, TypeError) as err:
+        raise CollapsecheckError(
+            f"{directory}: not a complete collapsecheck dump ({err})"
+        ) from None
+    prompts = [
+        Prompt(r.text, f"{directory / PROMPTS_FILE}:{i + 1}") for i, r in enumerate(rendered)
+    ]
+    settings = {"rollouts": str(directory), "rollouts_sha256": file_sha256(directory / TRACES_FILE)}
+    return Rollouts(prompts, rendered, samples, settings)

@@ -9,7 +9,7 @@ TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.
 TORCH_INDEX ?=
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none
 
-.PHONY: install demo test lint format fixtures bench clean
+.PHONY: install demo test lint format fixtures examples bench clean
 
 install: $(STAMP)
 
@@ -39,6 +39,9 @@ format: $(STAMP)
 
 fixtures: $(STAMP)
 	$(PY) scripts/make_fixtures.py
+
+examples: $(STAMP)
+	$(PY) scripts/make_examples.py
 
 # Benchmarks (not part of the tests): scoring speed against the naive reference and the
 # machine's matmul peak, then the accuracy of --negatives; both write docs/benchmarks.md.

@@ -1,0 +1,126 @@
+"""`score`: traces already sampled, from a dump, rollout files and multi-turn trajectories,
+give the numbers `scan` gives for the same traces."""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from collapsecheck import scan, score
+from collapsecheck.cli import app
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.prompts import load_prompts
+from collapsecheck.rollouts import RolloutOptions
+from tests.conftest import EXAMPLES, HEALTHY, PROMPTS
+
+SCORE = {"device": "cpu", "resamples": 200}
+FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, **SCORE}
+
+
+@pytest.fixture(scope="module")
+def scanned(tmp_path_factory):
+    dump = tmp_path_factory.mktemp("dump")
+    report = scan(HEALTHY, PROMPTS, dump=dump, **FAST)
+    traces = [json.loads(line) for line in (dump / "traces.jsonl").read_text().splitlines()]
+    prompts = [p.content for p in load_prompts(PROMPTS, num_prompts=6)]
+    return report, dump, traces, prompts
+
+
+def rollout_rows(prompts, traces):
+    return [
+        {"uid": f"q{t['prompt_index']}", "prompt": prompts[t["prompt_index"]],
+         "response": t["response"]}
+        for t in traces
+    ]  # fmt: skip
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def same_numbers(report, reference):
+    assert report.metrics == reference.metrics
+    assert report.verdict == reference.verdict
+
+
+def test_score_a_dump_reproduces_the_scan(scanned):
+    report, dump, _, _ = scanned
+    same_numbers(score(HEALTHY, dump, **SCORE), report)
+
+
+def test_score_jsonl_and_parquet_rollouts(scanned, tmp_path):
+    report, _, traces, prompts = scanned
+    rows = rollout_rows(prompts, traces)
+    same_numbers(score(HEALTHY, write_jsonl(tmp_path / "r.jsonl", rows), **SCORE), report)
+    pd.DataFrame(rows).to_parquet(tmp_path / "r.parquet")
+    same_numbers(score(HEALTHY, tmp_path / "r.parquet", **SCORE), report)
+    # grouped by the prompt when there is no group id; other field names by option
+    renamed = [{"question": r["prompt"], "completion_text": r["response"]} for r in rows]
+    options = RolloutOptions(prompt_field="question", response_field="completion_text")
+    same_numbers(
+        score(HEALTHY, write_jsonl(tmp_path / "n.jsonl", renamed), rollout_options=options,
+              **SCORE),
+        report,
+    )  # fmt: skip
+
+
+def test_sampled_token_ids_are_used_as_they_are(scanned, tmp_path):
+    report, _, traces, prompts = scanned
+    rows = [
+        {**row, "response": "ignored", "response_ids": trace["response_ids"]}
+        for row, trace in zip(rollout_rows(prompts, traces), traces, strict=True)
+    ]
+    options = RolloutOptions(response_ids_field="response_ids")
+    path = write_jsonl(tmp_path / "ids.jsonl", rows)
+    same_numbers(score(HEALTHY, path, rollout_options=options, **SCORE), report)
+
+
+def test_multi_turn_first_turns_equal_single_turn_rollouts(scanned, tmp_path):
+    _, _, traces, prompts = scanned
+    firsts = [t for t in traces if t["sample_index"] == 0]
+    single = score(HEALTHY, write_jsonl(tmp_path / "s.jsonl", rollout_rows(prompts, firsts)),
+                   **SCORE)  # fmt: skip
+    trajectories = [
+        {"turns": [{"messages": prompts[t["prompt_index"]], "response": t["response"]},
+                   {"messages": [{"role": "user", "content": "later"}], "response": "x"}]}
+        for t in firsts
+    ]  # fmt: skip
+    path = write_jsonl(tmp_path / "m.jsonl", trajectories)
+    first = score(HEALTHY, path, rollout_options=RolloutOptions(turn_sampling="first"), **SCORE)
+    same_numbers(first, single)
+    assert first.settings["multi_turn"] == {"turn_sampling": "first", "pairs": 6, "available": 6}
+
+
+@pytest.mark.parametrize("sampling", ["turn", "trajectory"])
+def test_turn_sampling_draws_distinct_pairs_reproducibly(sampling):
+    path = EXAMPLES / "rollouts" / "gridworld-multiturn.jsonl"
+    options = RolloutOptions(turn_sampling=sampling, pairs=10, seed=3)
+    first = score(HEALTHY, path, rollout_options=options, **SCORE)
+    again = score(HEALTHY, path, rollout_options=options, **SCORE)
+    assert first.metrics == again.metrics
+    assert first.settings["multi_turn"] == {"turn_sampling": sampling, "pairs": 10,
+                                            "available": 32}  # fmt: skip
+    assert first.counts["prompts"] == 10 and first.counts["responses"] == 10
+
+
+def test_bad_rollouts_name_the_line(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "response": "b"}, {"prompt": "c"}])
+    with pytest.raises(CollapsecheckError, match=r"bad.jsonl:2: no 'response' or 'output'"):
+        score(HEALTHY, path, **SCORE)
+    with pytest.raises(CollapsecheckError, match="--turn-sampling must be one of"):
+        RolloutOptions(turn_sampling="random")
+
+
+def test_score_command_on_the_example_rollouts(tmp_path):
+    result = CliRunner().invoke(
+        app,
+        ["score", str(EXAMPLES / "rollouts" / "gridworld.jsonl"), "--checkpoint", str(HEALTHY),
+         "--device", "cpu", "--json", str(tmp_path / "report.json")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "verdict: grounded" in result.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["counts"]["responses"] == 64
+    assert report["settings"]["rollouts"].endswith("gridworld.jsonl")

@@ -99,6 +99,13 @@ AsChat = Annotated[
 SystemPrompt = Annotated[
     str | None, typer.Option(help="Add this system message to prompts that have none.")
 ]
+TruncatePrompts = Annotated[
+    bool,
+    typer.Option(
+        "--truncate-prompts",
+        help="Cut prompts too long for the model's context to their last tokens (reported).",
+    ),
+]
 PromptField = Annotated[
     str | None, typer.Option(help="JSONL field holding the prompt (default prompt/messages).")
 ]
@@ -235,6 +242,7 @@ SCORING = OptionGroup(
         _keyword("as_chat", AsChat, False),
         _keyword("system_prompt", SystemPrompt, None),
         _keyword("prompt_field", PromptField, None),
+        _keyword("truncate_prompts", TruncatePrompts, False),
         _keyword("device", Device, "auto"),
         _keyword("dtype", Dtype, "auto"),
         _keyword("scorer", Scorer, "cached"),

@@ -84,6 +84,12 @@ def cross_score(
             requests.append(ScoreRequest(contexts[group], continuation, len(trace.prefix_ids)))
             cells.append((row, group))
     values = backend.loglikelihood(requests, progress)
+    broken = int((~np.isfinite(values)).sum())
+    if broken:
+        raise CollapsecheckError(
+            f"the model gave NaN or infinite log-probabilities for {broken} of {len(values)} "
+            "(trace, prompt) pairs: no verdict (check the checkpoint's weights and --dtype)"
+        )
     by_group = np.full((len(valid), len(groups)), np.nan)
     scored_group = np.zeros((len(valid), len(groups)), dtype=bool)
     for (row, group), value in zip(cells, values, strict=True):

@@ -128,6 +128,37 @@ def checkpoint_name(checkpoint: str | Path | Checkpoint) -> str:
     return str(checkpoint.path if isinstance(checkpoint, Checkpoint) else checkpoint)
 
 
+def fit_context(
+    rendered: Sequence[RenderedPrompt],
+    prompts: Sequence[Prompt],
+    reserve: Sequence[int],
+    backend: Backend,
+    truncate: bool,
+) -> tuple[list[RenderedPrompt], int]:
+    """Prompts that leave `reserve[i]` tokens of the model's context free for the response.
+
+    A prompt too long is an error naming it, unless `truncate`: then it keeps its last tokens
+    (the start, where a system prompt sits, is cut), and the number cut is reported."""
+    limit = backend.max_length
+    if limit is None:
+        return list(rendered), 0
+    fitted, cut = [], 0
+    for prompt, render, room in zip(prompts, rendered, (limit - r for r in reserve), strict=True):
+        if len(render.ids) <= room:
+            fitted.append(render)
+            continue
+        if not truncate or room < 1:
+            raise CollapsecheckError(
+                f"{prompt.origin}: the prompt has {len(render.ids)} tokens and the response needs "
+                f"{limit - room} of the model's {limit}-token context: shorten the prompt, lower "
+                "--max-new-tokens, or pass --truncate-prompts (keeps its last tokens, reported)"
+            )
+        ids = render.ids[-room:]
+        fitted.append(RenderedPrompt(backend.decode(ids), ids))
+        cut += 1
+    return fitted, cut
+
+
 def diagnose(
     backend: Backend,
     prompts: Sequence[Prompt],
@@ -228,6 +259,7 @@ def scan(
     as_chat: bool = False,
     system_prompt: str | None = None,
     prompt_field: str | None = None,
+    truncate_prompts: bool = False,
     resamples: int = DEFAULT_RESAMPLES,
     dump: str | Path | None = None,
     progress: ProgressHook = silent,
@@ -257,6 +289,8 @@ def scan(
         render_prompt(p, backend.tokenizer, as_chat=as_chat, system_prompt=system_prompt)
         for p in prompt_list
     ]
+    reserve = [max_new_tokens] * len(rendered)
+    rendered, cut = fit_context(rendered, prompt_list, reserve, backend, truncate_prompts)
     loaded = time.perf_counter()
     samples = backend.generate(
         [r.ids for r in rendered], params, progress("sampling", len(rendered))
@@ -277,6 +311,8 @@ def scan(
             "sampling": params.to_dict(),
             "as_chat": as_chat,
             "system_prompt": system_prompt,
+            "truncate_prompts": truncate_prompts,
+            "truncated_prompts": cut,
         },
         thresholds=thresholds or Thresholds(),
         negatives=negatives,
@@ -303,6 +339,7 @@ def score(
     negatives: int | None = None,
     as_chat: bool = False,
     system_prompt: str | None = None,
+    truncate_prompts: bool = False,
     resamples: int = DEFAULT_RESAMPLES,
     dump: str | Path | None = None,
     progress: ProgressHook = silent,
@@ -325,12 +362,14 @@ def score(
         raise CollapsecheckError(
             f"{rollouts}: cross-scoring needs at least 2 prompts, found {len(data.prompts)}"
         )
+    reserve = [max((len(s.ids) for s in group), default=0) for group in data.samples]
+    rendered, cut = fit_context(data.rendered, data.prompts, reserve, backend, truncate_prompts)
     spec = reasoning or ReasoningSpec()
     traces = extract_traces(data.samples, backend.decode, spec)
     return diagnose(
         backend,
         data.prompts,
-        data.rendered,
+        rendered,
         traces,
         spec=spec,
         settings={
@@ -341,6 +380,8 @@ def score(
             **data.settings,
             "as_chat": as_chat,
             "system_prompt": system_prompt,
+            "truncate_prompts": truncate_prompts,
+            "truncated_prompts": cut,
         },
         thresholds=thresholds or Thresholds(),
         negatives=negatives,

@@ -155,7 +155,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
         num_hidden_layers=3,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,

@@ -83,6 +83,7 @@ class Backend(Protocol):
     """What every model backend provides."""
 
     tokenizer: Any  # a transformers tokenizer: renders prompts, decodes responses
+    max_length: int | None  # the model's context length in tokens, where known
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress

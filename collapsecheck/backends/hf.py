@@ -174,8 +174,16 @@ class TransformersBackend:
             )
         if sample_rows < 1:
             raise CollapsecheckError(f"--sample-batch must be at least 1, got {sample_rows}")
+        embeddings = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > embeddings:
+            raise CollapsecheckError(
+                f"the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+                f"{embeddings}: they do not belong together"
+            )
         self.model = model
         self.tokenizer = tokenizer
+        config = model.config.get_text_config()
+        self.max_length: int | None = getattr(config, "max_position_embeddings", None)
         self.scorer = scorer
         self.batch_tokens = resolve_batch_tokens(batch_tokens, model)
         self.sample_rows = sample_rows
@@ -251,6 +259,11 @@ class TransformersBackend:
     def _next_tokens(
         logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
     ) -> torch.Tensor:
+        if not bool(torch.isfinite(logits).all()):
+            raise CollapsecheckError(
+                "the model produced NaN or infinite logits while sampling: no verdict "
+                "(check the checkpoint's weights, or try --dtype float32)"
+            )
         if params.temperature == 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / params.temperature, dim=-1)

@@ -1,0 +1,85 @@
+"""Bad inputs and faults: each gets a clear error or an honest number (docs/robustness.md)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from collapsecheck import scan, score
+from collapsecheck.errors import CollapsecheckError
+from tests.conftest import HEALTHY, PROMPTS, tiny_model
+
+FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "resamples": 100}
+
+
+def broken_copy(tmp_path, change):
+    """The healthy demo checkpoint with its weights changed by `change(state_dict)`."""
+    from transformers import AutoModelForCausalLM
+
+    destination = tmp_path / "broken"
+    shutil.copytree(HEALTHY, destination)
+    model = AutoModelForCausalLM.from_pretrained(HEALTHY)
+    with torch.no_grad():
+        change(model.state_dict())
+    model.save_pretrained(destination)
+    return destination
+
+
+def test_nan_weights_refuse_a_verdict_while_sampling(tmp_path):
+    checkpoint = broken_copy(tmp_path, lambda state: state["model.norm.weight"].fill_(float("nan")))
+    with pytest.raises(CollapsecheckError, match="NaN or infinite logits while sampling"):
+        scan(checkpoint, PROMPTS, **FAST)
+
+
+def test_nan_log_probabilities_refuse_a_verdict_while_scoring(tmp_path):
+    dump = tmp_path / "dump"
+    scan(HEALTHY, PROMPTS, dump=dump, **FAST)
+    checkpoint = broken_copy(tmp_path, lambda state: state["model.norm.weight"].fill_(float("nan")))
+    with pytest.raises(
+        CollapsecheckError, match="NaN or infinite log-probabilities for 144 of 144"
+    ):
+        score(checkpoint, dump, device="cpu")
+
+
+def test_tokenizer_larger_than_the_model_vocabulary(tmp_path, demo_tokenizer):
+    model = tiny_model("llama", len(demo_tokenizer) - 5)
+    model.save_pretrained(tmp_path)
+    demo_tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(CollapsecheckError, match="tokens but the model's embedding only"):
+        scan(tmp_path, PROMPTS, **FAST)
+
+
+def test_prompt_beyond_the_context_is_refused_or_truncated_and_reported(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(
+        "agent 1,1 goal 2,2\n" + "agent 3,3 goal 0,0 " * 80 + "\nagent 2,0 goal 0,2\n"
+    )
+    with pytest.raises(CollapsecheckError, match=r"prompts.txt:2: the prompt has 1520 tokens"):
+        scan(HEALTHY, prompts, **FAST)
+    report = scan(HEALTHY, prompts, truncate_prompts=True, as_chat=True, **FAST)
+    assert report.settings["truncated_prompts"] == 1
+
+
+def test_one_sample_per_prompt_still_reports(tmp_path):
+    report = scan(HEALTHY, PROMPTS, **{**FAST, "k": 1})
+    assert report.counts["responses"] == 6
+    assert report.value("distinct_reasoning_rate") == 1.0
+    assert report.value("conditional_entropy_seq_est") > 0
+
+
+def test_identical_reasoning_everywhere_is_low_entropy_collapse(tmp_path):
+    rows = [
+        {"uid": i, "prompt": f"agent {i},0 goal 0,{i}", "response": "<think>i go up</think>up"}
+        for i in range(1, 6)
+        for _ in range(3)
+    ]
+    path = tmp_path / "same.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = score(HEALTHY, path, device="cpu", resamples=100)
+    assert report.value("retrieval_accuracy") == pytest.approx(
+        report.value("retrieval_chance_level")
+    )
+    assert report.value("distinct_reasoning_rate") == pytest.approx(1 / 3)
+    assert report.verdict.regime in ("low_entropy_collapse", "template_collapse")
+    assert report.value("normalized_mi") < 0.05

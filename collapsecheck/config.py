@@ -39,8 +39,13 @@ class GateConfig:
     source: str = "defaults"
 
 
-def parse_fail_on(value: str | list[str], where: str = "--fail-on") -> frozenset[str]:
-    items = value.split(",") if isinstance(value, str) else value
+def parse_fail_on(value: Any, where: str = "--fail-on") -> frozenset[str]:
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        items = value
+    else:
+        raise CollapsecheckError(f"{where}: expected regimes as a list or a comma-separated text")
     regimes = {str(v).strip() for v in items if str(v).strip()}
     if regimes == {"none"}:
         return frozenset()

@@ -128,7 +128,7 @@ class Report:
             report = cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
             raise CollapsecheckError(f"report not found: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CollapsecheckError(f"{path}: not a collapsecheck report.json ({err})") from None
         report.dump_dir = path.parent
         return report

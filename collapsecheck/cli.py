@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -553,8 +554,13 @@ def _root() -> None:
     """collapsecheck: is the reasoning of an RL-trained policy still grounded in its input?"""
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends a scan as Ctrl-C does: finished work is kept
+
+
 def main() -> None:
     """Console entry point; usage errors from typer exit with code 2 as well."""
+    signal.signal(signal.SIGTERM, _terminated)
     app(prog_name="collapsecheck")
 
 

@@ -6,10 +6,12 @@ leaves a half-written file.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,6 +27,29 @@ PROMPTS_FILE = "prompts.jsonl"
 TRACES_FILE = "traces.jsonl"
 MATRIX_FILE = "cross_logprobs.npz"
 REPORT_FILE = "report.json"
+
+
+LOCK_FILE = ".collapsecheck.lock"
+
+
+@contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """Hold the directory for one writer: a second scan writing there gets a clear error."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_FILE
+    with path.open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CollapsecheckError(
+                f"{directory}: another collapsecheck scan is writing here; wait for it to end "
+                "or give another output directory"
+            ) from None
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _write_atomic(path: Path, mode: str, write: Callable[[IO[Any]], None]) -> Path:

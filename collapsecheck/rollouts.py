@@ -160,7 +160,7 @@ def read_rollouts(
     """Prompts and samples of a rollout file or a dump directory."""
     path = Path(path)
     if path.is_dir():
-        return _read_dump(path)
+        return read_dump_samples(path)
     if not path.is_file():
         raise CollapsecheckError(f"rollouts not found: {path}")
     rows = read_rows(path)
@@ -180,7 +180,7 @@ def read_rollouts(
     return Rollouts(prompts, rendered, samples, settings)
 
 
-def _read_dump(directory: Path) -> Rollouts:
+def read_dump_samples(directory: Path) -> Rollouts:
     """A scan's dump: rendered prompts and sampled ids as they were, not re-tokenized."""
     prompt_rows = read_jsonl(directory / PROMPTS_FILE)
     trace_rows = read_jsonl(directory / TRACES_FILE)

@@ -53,7 +53,13 @@ def cached_scan(
         report.timing = {**report.timing, "cached": True}
         return report
     return scan(
-        checkpoint, prompts, dump=entry, thresholds=thresholds, progress=progress, **options
+        checkpoint,
+        prompts,
+        dump=entry,
+        resume=True,
+        thresholds=thresholds,
+        progress=progress,
+        **options,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,20 @@ from collapsecheck.backends.base import (
     DEFAULT_SAMPLE_ROWS,
     Backend,
     Progress,
+    Sample,
     SamplingParams,
     no_progress,
 )
 from collapsecheck.checkpoint import Checkpoint
 from collapsecheck.cross_scoring import column_groups, cross_score, request_count
-from collapsecheck.dump import REPORT_FILE, write_matrix, write_samples
+from collapsecheck.dump import (
+    PROMPTS_FILE,
+    REPORT_FILE,
+    TRACES_FILE,
+    locked,
+    write_matrix,
+    write_samples,
+)
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import DEFAULT_RESAMPLES, compute_metrics, count_per_prompt
 from collapsecheck.prompts import (
@@ -33,7 +42,7 @@ from collapsecheck.prompts import (
 )
 from collapsecheck.reasoning import ReasoningSpec, Trace, extract_traces
 from collapsecheck.report import Report
-from collapsecheck.rollouts import RolloutOptions, read_rollouts
+from collapsecheck.rollouts import RolloutOptions, read_dump_samples, read_rollouts
 from collapsecheck.verdict import Thresholds, decide
 
 # Called once per stage with a description and the number of work units; returns the
@@ -159,6 +168,19 @@ def fit_context(
     return fitted, cut
 
 
+def saved_samples(
+    dump_dir: Path, rendered: Sequence[RenderedPrompt], k: int
+) -> list[list[Sample]] | None:
+    """The samples an interrupted scan left in its dump, if they are for these prompts."""
+    if not ((dump_dir / PROMPTS_FILE).is_file() and (dump_dir / TRACES_FILE).is_file()):
+        return None
+    saved = read_dump_samples(dump_dir)
+    same_prompts = [r.ids for r in saved.rendered] == [r.ids for r in rendered]
+    if not same_prompts or any(len(group) != k for group in saved.samples):
+        return None
+    return saved.samples
+
+
 def diagnose(
     backend: Backend,
     prompts: Sequence[Prompt],
@@ -262,6 +284,7 @@ def scan(
     truncate_prompts: bool = False,
     resamples: int = DEFAULT_RESAMPLES,
     dump: str | Path | None = None,
+    resume: bool = False,
     progress: ProgressHook = silent,
     backend: Backend | None = None,
     **load: Any,
@@ -270,7 +293,9 @@ def scan(
 
     `load` holds the options of `load_backend` (device, dtype, scorer, batch_tokens,
     trust_remote_code, trust_checkpoint_pickle, base_model). `backend` lets a caller pass an
-    already loaded model (for example inside a training loop) instead.
+    already loaded model (for example inside a training loop) instead. With `resume`, samples
+    that `dump` already holds for the same prompts are reused instead of sampled again (the
+    results cache's entries are keyed by every setting, so there they are always the same).
     """
     started = time.perf_counter()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -292,40 +317,44 @@ def scan(
     reserve = [max_new_tokens] * len(rendered)
     rendered, cut = fit_context(rendered, prompt_list, reserve, backend, truncate_prompts)
     loaded = time.perf_counter()
-    samples = backend.generate(
-        [r.ids for r in rendered], params, progress("sampling", len(rendered))
-    )
-    spec = reasoning or ReasoningSpec()
-    traces = extract_traces(samples, backend.decode, spec)
-    return diagnose(
-        backend,
-        prompt_list,
-        rendered,
-        traces,
-        spec=spec,
-        settings={
-            "checkpoint": checkpoint_name(checkpoint),
-            "prompts": str(prompt_path),
-            "prompts_sha256": file_sha256(prompt_path),
-            "samples_per_prompt": params.k,
-            "sampling": params.to_dict(),
-            "as_chat": as_chat,
-            "system_prompt": system_prompt,
-            "truncate_prompts": truncate_prompts,
-            "truncated_prompts": cut,
-        },
-        thresholds=thresholds or Thresholds(),
-        negatives=negatives,
-        seed=seed,
-        resamples=resamples,
-        dump_dir=Path(dump) if dump is not None else None,
-        progress=progress,
-        timing={
-            "started_at": started_at,
-            "load_s": round(loaded - started, 3),
-            "sampling_s": round(time.perf_counter() - loaded, 3),
-        },
-    )
+    dump_dir = Path(dump) if dump is not None else None
+    with locked(dump_dir) if dump_dir else nullcontext():
+        samples = saved_samples(dump_dir, rendered, params.k) if resume and dump_dir else None
+        if samples is None:
+            samples = backend.generate(
+                [r.ids for r in rendered], params, progress("sampling", len(rendered))
+            )
+        spec = reasoning or ReasoningSpec()
+        traces = extract_traces(samples, backend.decode, spec)
+        return diagnose(
+            backend,
+            prompt_list,
+            rendered,
+            traces,
+            spec=spec,
+            settings={
+                "checkpoint": checkpoint_name(checkpoint),
+                "prompts": str(prompt_path),
+                "prompts_sha256": file_sha256(prompt_path),
+                "samples_per_prompt": params.k,
+                "sampling": params.to_dict(),
+                "as_chat": as_chat,
+                "system_prompt": system_prompt,
+                "truncate_prompts": truncate_prompts,
+                "truncated_prompts": cut,
+            },
+            thresholds=thresholds or Thresholds(),
+            negatives=negatives,
+            seed=seed,
+            resamples=resamples,
+            dump_dir=dump_dir,
+            progress=progress,
+            timing={
+                "started_at": started_at,
+                "load_s": round(loaded - started, 3),
+                "sampling_s": round(time.perf_counter() - loaded, 3),
+            },
+        )
 
 
 def score(
@@ -366,28 +395,30 @@ def score(
     rendered, cut = fit_context(data.rendered, data.prompts, reserve, backend, truncate_prompts)
     spec = reasoning or ReasoningSpec()
     traces = extract_traces(data.samples, backend.decode, spec)
-    return diagnose(
-        backend,
-        data.prompts,
-        rendered,
-        traces,
-        spec=spec,
-        settings={
-            "checkpoint": checkpoint_name(checkpoint),
-            "prompts": data.settings["rollouts"],
-            "prompts_sha256": data.settings["rollouts_sha256"],
-            "samples_per_prompt": max(len(s) for s in data.samples),
-            **data.settings,
-            "as_chat": as_chat,
-            "system_prompt": system_prompt,
-            "truncate_prompts": truncate_prompts,
-            "truncated_prompts": cut,
-        },
-        thresholds=thresholds or Thresholds(),
-        negatives=negatives,
-        seed=seed,
-        resamples=resamples,
-        dump_dir=Path(dump) if dump is not None else None,
-        progress=progress,
-        timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
-    )
+    dump_dir = Path(dump) if dump is not None else None
+    with locked(dump_dir) if dump_dir else nullcontext():
+        return diagnose(
+            backend,
+            data.prompts,
+            rendered,
+            traces,
+            spec=spec,
+            settings={
+                "checkpoint": checkpoint_name(checkpoint),
+                "prompts": data.settings["rollouts"],
+                "prompts_sha256": data.settings["rollouts_sha256"],
+                "samples_per_prompt": max(len(s) for s in data.samples),
+                **data.settings,
+                "as_chat": as_chat,
+                "system_prompt": system_prompt,
+                "truncate_prompts": truncate_prompts,
+                "truncated_prompts": cut,
+            },
+            thresholds=thresholds or Thresholds(),
+            negatives=negatives,
+            seed=seed,
+            resamples=resamples,
+            dump_dir=dump_dir,
+            progress=progress,
+            timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
+        )

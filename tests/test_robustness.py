@@ -83,3 +83,85 @@ def test_identical_reasoning_everywhere_is_low_entropy_collapse(tmp_path):
     assert report.value("distinct_reasoning_rate") == pytest.approx(1 / 3)
     assert report.verdict.regime in ("low_entropy_collapse", "template_collapse")
     assert report.value("normalized_mi") < 0.05
+
+
+def test_scoring_interrupted_resumes_from_the_saved_samples(tmp_path):
+    from collapsecheck.checkpoint import require_checkpoint
+    from collapsecheck.runs import cached_scan
+
+    checkpoint = require_checkpoint(HEALTHY)
+    complete = cached_scan(checkpoint, PROMPTS, cache_root=tmp_path / "a", **FAST)
+
+    def stop_while_scoring(stage, total):
+        if stage == "scoring":
+            raise KeyboardInterrupt
+        return lambda n: None
+
+    with pytest.raises(KeyboardInterrupt):
+        cached_scan(checkpoint, PROMPTS, cache_root=tmp_path / "b", progress=stop_while_scoring,
+                    **FAST)  # fmt: skip
+    stages = []
+    resumed = cached_scan(
+        checkpoint, PROMPTS, cache_root=tmp_path / "b",
+        progress=lambda stage, total: stages.append(stage) or (lambda n: None), **FAST,
+    )  # fmt: skip
+    assert stages == ["scoring"]  # the samples were kept: no sampling again
+    assert resumed.metrics == complete.metrics
+
+
+def test_two_scans_writing_one_directory(tmp_path):
+    import fcntl
+
+    from collapsecheck.dump import LOCK_FILE
+
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    with (dump / LOCK_FILE).open("w") as held:  # a scan in progress holds the directory
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(CollapsecheckError, match="another collapsecheck scan is writing"):
+            scan(HEALTHY, PROMPTS, dump=dump, **FAST)
+    scan(HEALTHY, PROMPTS, dump=dump, **FAST)  # free again
+    assert not (dump / LOCK_FILE).exists()
+
+
+def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import collapsecheck.dump
+
+    def disk_full(source, destination):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(collapsecheck.dump.os, "replace", disk_full)
+    dump = tmp_path / "dump"
+    with pytest.raises(CollapsecheckError, match=r"prompts.jsonl: cannot write \(No space left"):
+        scan(HEALTHY, PROMPTS, dump=dump, **FAST)
+    assert [p.name for p in dump.iterdir()] == []
+
+
+def test_sigterm_keeps_finished_checkpoints(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "collapsecheck", "scan", str(HEALTHY.parent), "-p",
+               str(PROMPTS), "-n", "6", "-k", "4", "--max-new-tokens", "48", "--device", "cpu",
+               "--out", str(out), "--fail-on", "none"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*/report.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    done = len(list(out.glob("*/report.json")))
+    assert 1 <= done < 5
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert f"{done} of 5 checkpoints answered from the cache" in again.stdout

@@ -165,3 +165,26 @@ def test_sigterm_keeps_finished_checkpoints(tmp_path):
                            env={**os.environ, "COLUMNS": "200"})  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert f"{done} of 5 checkpoints answered from the cache" in again.stdout
+
+
+def test_duplicate_prompts_count_once_and_two_prompts_suffice(tmp_path):
+    lines = PROMPTS.read_text().splitlines()
+    duplicated = tmp_path / "dup.jsonl"
+    duplicated.write_text("\n".join([lines[0], lines[1], lines[0], lines[2]]) + "\n")
+    report = scan(HEALTHY, duplicated, **{**FAST, "num_prompts": None})
+    assert (report.counts["prompts"], report.counts["distinct_prompts"]) == (4, 3)
+    # two of four columns are right for rows of the duplicated prompt: chance is corrected
+    assert report.metrics["retrieval_chance_level"] == pytest.approx((2 * 2 / 4 + 2 * 1 / 4) / 4)
+    two = tmp_path / "two.jsonl"
+    two.write_text("\n".join(lines[:2]) + "\n")
+    assert scan(HEALTHY, two, **{**FAST, "num_prompts": None}).settings["num_prompts"] == 2
+
+
+def test_the_report_holds_no_environment_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value_123")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws_secret_value_456")
+    scan(HEALTHY, PROMPTS, dump=tmp_path, **FAST)
+    for path in tmp_path.iterdir():
+        if path.suffix in (".json", ".jsonl"):
+            text = path.read_text()
+            assert "secret_value" not in text

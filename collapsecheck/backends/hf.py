@@ -203,12 +203,11 @@ class TransformersBackend:
         sample_rows: int = DEFAULT_SAMPLE_ROWS,
         trust_remote_code: bool = False,
         trust_checkpoint_pickle: bool = False,
-        base_model: str | Path | None = None,
     ) -> TransformersBackend:
-        """Load a checkpoint of any supported format (see `collapsecheck.checkpoint`)."""
+        """Load a checkpoint of any supported format (see `collapsecheck.checkpoint`; a LoRA
+        adapter whose base is not local comes resolved, from `load_backend`)."""
         if not isinstance(checkpoint, Checkpoint):
-            base = Path(base_model) if base_model is not None else None
-            checkpoint = require_checkpoint(checkpoint, base)
+            checkpoint = require_checkpoint(checkpoint)
         tokenizer = load_tokenizer(checkpoint, trust_remote_code)
         resolved = resolve_device(device)
         model = load_model(

@@ -20,6 +20,7 @@ from collapsecheck.backends.base import no_progress
 from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.backends.vllm import VLLMBackend
 from collapsecheck.checkpoint import require_checkpoint
+from collapsecheck.settings import LoadSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -46,12 +47,14 @@ def main() -> None:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(TOKENIZER / name, scratch)
         checkpoint = require_checkpoint(scratch)
-        cached = TransformersBackend.from_checkpoint(checkpoint, device="cpu", dtype="float32")
+        cached = TransformersBackend.from_checkpoint(
+            checkpoint, LoadSettings(device="cpu", dtype="float32")
+        )
         start = time.perf_counter()
         reference = cached.loglikelihood(requests, no_progress)
         cached_s = time.perf_counter() - start
         started = time.perf_counter()
-        engine = VLLMBackend(checkpoint, device="cpu", dtype="float32")
+        engine = VLLMBackend(checkpoint, LoadSettings(device="cpu", dtype="float32"))
         engine_s = time.perf_counter() - started
         start = time.perf_counter()
         scores = engine.loglikelihood(requests, no_progress)

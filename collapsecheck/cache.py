@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from collapsecheck.checkpoint import Checkpoint
+from collapsecheck.checkpoint import Checkpoint, checkpoint_files
 
 FULL_HASH_LIMIT = 64 * 2**20  # files up to this size are hashed whole
 SAMPLE_BYTES = 2**20  # larger ones: their size and three 1 MiB samples (start, middle, end)
@@ -46,7 +46,7 @@ def checkpoint_fingerprint(checkpoint: Checkpoint) -> str:
     """A digest of the files that define a checkpoint (weights, config, tokenizer)."""
     digest = hashlib.sha256()
     digest.update(checkpoint.kind.encode())
-    for path in checkpoint.files():
+    for path in checkpoint_files(checkpoint):
         _file_digest(path, digest)
     return digest.hexdigest()
 

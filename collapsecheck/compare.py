@@ -4,6 +4,7 @@ the two reports' intervals."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,9 @@ class Comparison:
                 for key, delta in self.deltas.items()
             },
         }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
 
 
 def _can_pair(a: Report, b: Report) -> bool:

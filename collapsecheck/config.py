@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.settings import setting
 from collapsecheck.verdict import COLLAPSES, REGIMES, Thresholds
 
 CONFIG_FILE = "collapsecheck.toml"
@@ -142,3 +143,48 @@ def load_gate(
         minimums={**gate.minimums, **{k: v for k, v in (minimums or {}).items() if v is not None}},
         max_drop=max_drop if max_drop is not None else gate.max_drop,
     )
+
+
+MINIMUM_FLAGS = {
+    "min_normalized_mi": "normalized_mi",
+    "min_retrieval_skill": "retrieval_skill",
+    "min_valid_reasoning_rate": "valid_reasoning_rate",
+    "min_conditional_entropy": "conditional_entropy_seq_est",
+}
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """The gate's command-line flags (none change the numbers: the verdict and the rules are
+    decided again from stored metrics). None: take the config file's value, else the default."""
+
+    dependence_high: float | None = setting(
+        None, "Input dependence is high at or above this (default 0.7).", numbers=False
+    )
+    dependence_collapsed: float | None = setting(
+        None, "Input dependence is collapsed at or below this (default 0.3).", numbers=False
+    )
+    entropy_low: float | None = setting(
+        None, "H(Z|X) below this (nats/trace) is low (default 1.0).", numbers=False
+    )
+    fail_on: str | None = setting(
+        None, "Regimes that fail the gate, comma-separated, or none (default: the collapses).",
+        numbers=False,
+    )  # fmt: skip
+    min_normalized_mi: float | None = setting(None, "Fail below this.", numbers=False)
+    min_retrieval_skill: float | None = setting(None, "Fail below this.", numbers=False)
+    min_valid_reasoning_rate: float | None = setting(None, "Fail below this.", numbers=False)
+    min_conditional_entropy: float | None = setting(None, "Fail below this.", numbers=False)
+    config: Path | None = setting(
+        None, "Gate settings file (default: ./collapsecheck.toml or ./pyproject.toml).",
+        numbers=False,
+    )  # fmt: skip
+
+    def load(self) -> GateConfig:
+        """The gate: these flags over the config file's values over the defaults."""
+        return load_gate(
+            self.config,
+            fail_on=self.fail_on,
+            thresholds={key: getattr(self, key) for key in THRESHOLD_KEYS},
+            minimums={metric: getattr(self, flag) for flag, metric in MINIMUM_FLAGS.items()},
+        )

@@ -21,9 +21,9 @@ from rich.text import Text
 
 from collapsecheck.compare import Comparison
 from collapsecheck.metrics import Estimate, MetricValue, point_value
+from collapsecheck.progress import ProgressHook
 from collapsecheck.report import KEY_METRICS, Report, format_number
-from collapsecheck.runs import RunReport
-from collapsecheck.scan import ProgressHook
+from collapsecheck.run_report import RunReport
 from collapsecheck.verdict import GROUNDED, INCONCLUSIVE
 
 REGIME_STYLES = {GROUNDED: "bold green", INCONCLUSIVE: "bold yellow"}

@@ -1,80 +1,30 @@
-"""The `--dump DIR` files of SPEC "Dump format": enough to redo the analysis elsewhere.
-
-Every file is written to a temporary name and renamed into place, so a killed run never
-leaves a half-written file.
+"""The `--dump DIR` files of SPEC "Dump format", written and read back: enough to redo the
+analysis elsewhere, to resume a scan from its samples, or to score its traces again.
+Every file is written atomically (`collapsecheck.files`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from collapsecheck.backends.base import Sample
 from collapsecheck.cross_scoring import CrossScores, column_groups
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_atomic, write_jsonl_atomic
 from collapsecheck.metrics import CrossLogProbs, PromptCounts, count_per_prompt
-from collapsecheck.prompts import RenderedPrompt
+from collapsecheck.prompts import Prompt, RenderedPrompt, file_sha256
 from collapsecheck.reasoning import Trace
 
 PROMPTS_FILE = "prompts.jsonl"
 TRACES_FILE = "traces.jsonl"
 MATRIX_FILE = "cross_logprobs.npz"
 REPORT_FILE = "report.json"
-
-
-LOCK_FILE = ".collapsecheck.lock"
-
-
-@contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """Hold the directory for one writer: a second scan writing there gets a clear error."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOCK_FILE
-    with path.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise CollapsecheckError(
-                f"{directory}: another collapsecheck scan is writing here; wait for it to end "
-                "or give another output directory"
-            ) from None
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _write_atomic(path: Path, mode: str, write: Callable[[IO[Any]], None]) -> Path:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(handle, mode) as stream:
-                write(stream)
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-    except OSError as err:
-        raise CollapsecheckError(f"{path}: cannot write ({err.strerror or err})") from None
-    return path
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    return _write_atomic(path, "w", lambda stream: stream.write(text))
-
-
-def write_jsonl_atomic(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
-    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    return write_text_atomic(path, text)
 
 
 def prompt_rows(rendered: Sequence[RenderedPrompt]) -> list[dict[str, Any]]:
@@ -118,7 +68,7 @@ def write_matrix(directory: Path, scores: CrossScores) -> None:
             **({} if scores.matrix.is_full else {"scored": scores.matrix.scored}),
         )
 
-    _write_atomic(directory / MATRIX_FILE, "wb", save)
+    write_atomic(directory / MATRIX_FILE, "wb", save)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -165,3 +115,36 @@ def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
             f"{directory}: not a complete collapsecheck dump ({err})"
         ) from None
     return matrix, counts
+
+
+@dataclass
+class SampledPrompts:
+    """Prompts with their sampled responses, ready for reasoning extraction and
+    cross-scoring: what a dump or a rollout file holds."""
+
+    prompts: list[Prompt]
+    rendered: list[RenderedPrompt]
+    samples: list[list[Sample]]
+    settings: dict[str, Any]
+
+
+def read_dump_samples(directory: Path) -> SampledPrompts:
+    """A scan's dump: rendered prompts and sampled ids as they were, not re-tokenized."""
+    prompt_rows = read_jsonl(directory / PROMPTS_FILE)
+    trace_rows = read_jsonl(directory / TRACES_FILE)
+    try:
+        rendered = [RenderedPrompt(row["text"], tuple(row["ids"])) for row in prompt_rows]
+        samples: list[list[Sample]] = [[] for _ in rendered]
+        for row in trace_rows:
+            samples[row["prompt_index"]].append(
+                Sample(tuple(row["response_ids"]), bool(row["truncated"]))
+            )
+    except (KeyError, IndexError, TypeError) as err:
+        raise CollapsecheckError(
+            f"{directory}: not a complete collapsecheck dump ({err})"
+        ) from None
+    prompts = [
+        Prompt(r.text, f"{directory / PROMPTS_FILE}:{i + 1}") for i, r in enumerate(rendered)
+    ]
+    settings = {"rollouts": str(directory), "rollouts_sha256": file_sha256(directory / TRACES_FILE)}
+    return SampledPrompts(prompts, rendered, samples, settings)

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collapsecheck.config import GateConfig
-from collapsecheck.dump import write_text_atomic
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_text_atomic
 from collapsecheck.metrics import Estimate
 from collapsecheck.report import KEY_METRICS, Report, format_number
-from collapsecheck.runs import RunReport
+from collapsecheck.run_report import RunReport
 
 RUN_KEYS = ("normalized_mi", "retrieval_skill", "conditional_entropy_seq_est")
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import interval_bounds, point_value
-from collapsecheck.runs import RunReport
+from collapsecheck.run_report import RunReport
 from collapsecheck.verdict import GROUNDED, INCONCLUSIVE, LOW_ENTROPY_COLLAPSE, TEMPLATE_COLLAPSE
 
 REGIME_COLOURS = {
@@ -40,17 +40,34 @@ def _x_positions(run: RunReport) -> tuple[np.ndarray, str]:
     return np.arange(len(steps), dtype=float), "checkpoint"
 
 
-def _along_steps(ax, run: RunReport) -> None:
-    from matplotlib.patches import Patch
-
-    x, xlabel = _x_positions(run)
-    edges = np.concatenate(
+def _band_edges(x: np.ndarray) -> np.ndarray:
+    """Where each checkpoint's regime band starts and ends: half-way to its neighbours."""
+    return np.concatenate(
         [
             [x[0] - 0.5 * (x[1] - x[0]) if len(x) > 1 else x[0] - 0.5],
             (x[:-1] + x[1:]) / 2,
             [x[-1] + 0.5 * (x[-1] - x[-2]) if len(x) > 1 else x[-1] + 0.5],
         ]
     )
+
+
+def _legend(ax, entropy_ax, regimes: list[str]) -> None:
+    from matplotlib.patches import Patch
+
+    handles, labels = ax.get_legend_handles_labels()
+    more_handles, more_labels = entropy_ax.get_legend_handles_labels()
+    bands = [r for r in REGIME_COLOURS if r in regimes]
+    handles += more_handles + [Patch(color=REGIME_COLOURS[r]) for r in bands]
+    labels += more_labels + [REGIME_NAMES[r] for r in bands]
+    ax.legend(
+        handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8,
+        frameon=False,
+    )  # fmt: skip
+
+
+def _along_steps(ax, run: RunReport) -> None:
+    x, xlabel = _x_positions(run)
+    edges = _band_edges(x)
     # the entropy axis lies underneath: it carries the regime bands, the input-dependence
     # lines are drawn over both
     entropy_ax = ax.twinx()
@@ -86,15 +103,7 @@ def _along_steps(ax, run: RunReport) -> None:
         onset_x = x[run.onset.index]
         ax.axvline(onset_x, color="black", lw=1.2, ls="--")
         ax.annotate(" onset", (onset_x, 1.03), ha="left", va="top", fontsize=9, fontweight="bold")
-    handles, labels = ax.get_legend_handles_labels()
-    more_handles, more_labels = entropy_ax.get_legend_handles_labels()
-    bands = [r for r in REGIME_COLOURS if r in regimes]
-    handles += more_handles + [Patch(color=REGIME_COLOURS[r]) for r in bands]
-    labels += more_labels + [REGIME_NAMES[r] for r in bands]
-    ax.legend(
-        handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8,
-        frameon=False,
-    )  # fmt: skip
+    _legend(ax, entropy_ax, regimes)
     ax.set_title("Along the run (bands: verdict at each checkpoint)", fontsize=10)
 
 

@@ -90,7 +90,7 @@ class Report:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
 
     def save(self, path: str | Path) -> Path:
-        from collapsecheck.dump import write_text_atomic
+        from collapsecheck.files import write_text_atomic
 
         return write_text_atomic(Path(path), self.to_json())
 

@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 
 from collapsecheck.backends.base import Sample
-from collapsecheck.dump import PROMPTS_FILE, TRACES_FILE, read_jsonl
+from collapsecheck.dump import SampledPrompts, read_dump_samples
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.prompts import (
     Prompt,
-    RenderedPrompt,
     file_sha256,
     prompt_from_row,
     read_rows,
@@ -61,16 +60,6 @@ class RolloutOptions:
             )
         if self.pairs is not None and self.pairs < 2:
             raise CollapsecheckError(f"--pairs must be at least 2, got {self.pairs}")
-
-
-@dataclass
-class Rollouts:
-    """Prompts with their traces' samples, ready for reasoning extraction and cross-scoring."""
-
-    prompts: list[Prompt]
-    rendered: list[RenderedPrompt]
-    samples: list[list[Sample]]
-    settings: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -156,7 +145,7 @@ def read_rollouts(
     *,
     as_chat: bool = False,
     system_prompt: str | None = None,
-) -> Rollouts:
+) -> SampledPrompts:
     """Prompts and samples of a rollout file or a dump directory."""
     path = Path(path)
     if path.is_dir():
@@ -177,26 +166,4 @@ def read_rollouts(
         render_prompt(p, tokenizer, as_chat=as_chat, system_prompt=system_prompt) for p in prompts
     ]
     samples = [[_sample(turn, tokenizer) for turn in group] for group in groups]
-    return Rollouts(prompts, rendered, samples, settings)
-
-
-def read_dump_samples(directory: Path) -> Rollouts:
-    """A scan's dump: rendered prompts and sampled ids as they were, not re-tokenized."""
-    prompt_rows = read_jsonl(directory / PROMPTS_FILE)
-    trace_rows = read_jsonl(directory / TRACES_FILE)
-    try:
-        rendered = [RenderedPrompt(row["text"], tuple(row["ids"])) for row in prompt_rows]
-        samples: list[list[Sample]] = [[] for _ in rendered]
-        for row in trace_rows:
-            samples[row["prompt_index"]].append(
-                Sample(tuple(row["response_ids"]), bool(row["truncated"]))
-            )
-    except (KeyError, IndexError, TypeError) as err:
-        raise CollapsecheckError(
-            f"{directory}: not a complete collapsecheck dump ({err})"
-        ) from None
-    prompts = [
-        Prompt(r.text, f"{directory / PROMPTS_FILE}:{i + 1}") for i, r in enumerate(rendered)
-    ]
-    settings = {"rollouts": str(directory), "rollouts_sha256": file_sha256(directory / TRACES_FILE)}
-    return Rollouts(prompts, rendered, samples, settings)
+    return SampledPrompts(prompts, rendered, samples, settings)

@@ -15,7 +15,7 @@ from collapsecheck.checkpoint import require_checkpoint
 from collapsecheck.errors import CollapsecheckError
 from tests.conftest import HEALTHY, PROMPTS
 
-FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "resamples": 100}
+FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "bootstrap": 100}
 CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json",
                 "tokenizer_config.json", "chat_template.jinja")  # fmt: skip
 

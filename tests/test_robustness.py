@@ -10,7 +10,7 @@ from collapsecheck import scan, score
 from collapsecheck.errors import CollapsecheckError
 from tests.conftest import HEALTHY, PROMPTS, tiny_model
 
-FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "resamples": 100}
+FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "bootstrap": 100}
 
 
 def broken_copy(tmp_path, change):
@@ -76,7 +76,7 @@ def test_identical_reasoning_everywhere_is_low_entropy_collapse(tmp_path):
     ]
     path = tmp_path / "same.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    report = score(HEALTHY, path, device="cpu", resamples=100)
+    report = score(HEALTHY, path, device="cpu", bootstrap=100)
     assert report.value("retrieval_accuracy") == pytest.approx(
         report.value("retrieval_chance_level")
     )
@@ -112,7 +112,7 @@ def test_scoring_interrupted_resumes_from_the_saved_samples(tmp_path):
 def test_two_scans_writing_one_directory(tmp_path):
     import fcntl
 
-    from collapsecheck.dump import LOCK_FILE
+    from collapsecheck.files import LOCK_FILE
 
     dump = tmp_path / "dump"
     dump.mkdir()
@@ -128,12 +128,12 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tmp_path, monke
     import errno
     import os
 
-    import collapsecheck.dump
+    import collapsecheck.files
 
     def disk_full(source, destination):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(collapsecheck.dump.os, "replace", disk_full)
+    monkeypatch.setattr(collapsecheck.files.os, "replace", disk_full)
     dump = tmp_path / "dump"
     with pytest.raises(CollapsecheckError, match=r"prompts.jsonl: cannot write \(No space left"):
         scan(HEALTHY, PROMPTS, dump=dump, **FAST)

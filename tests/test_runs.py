@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from collapsecheck.discovery import discover_run, find_checkpoints, step_number
-from collapsecheck.dump import REPORT_FILE, write_text_atomic
+from collapsecheck.dump import REPORT_FILE
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_text_atomic
 from collapsecheck.metrics import Estimate
 from collapsecheck.onset import collapse_onset, detect_onset, mi_drop_onset
 from collapsecheck.plot import plot_run
@@ -16,7 +17,7 @@ from collapsecheck.runs import scan_run
 from tests.conftest import HEALTHY, PROMPTS, RUN
 
 # 16 prompts x 8 samples: enough to see the 15% templates of step 200 beyond noise
-FAST = {"k": 8, "num_prompts": 16, "max_new_tokens": 64, "device": "cpu", "resamples": 200}
+FAST = {"k": 8, "num_prompts": 16, "max_new_tokens": 64, "device": "cpu", "bootstrap": 200}
 
 
 def copy_checkpoint(destination):

@@ -7,12 +7,13 @@ from collapsecheck.backends.base import SamplingParams, no_progress
 from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.prompts import load_prompts, render_prompt
+from collapsecheck.settings import LoadSettings, SamplingSettings
 from tests.conftest import HEALTHY, PROMPTS
 
 
 @pytest.fixture(scope="module")
 def backend():
-    return TransformersBackend.from_checkpoint(HEALTHY, device="cpu", sample_rows=16)
+    return TransformersBackend.from_checkpoint(HEALTHY, LoadSettings(device="cpu", sample_batch=16))
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,6 @@ def test_length_limit_marks_truncation(backend, prompt_ids):
 
 def test_sampling_parameters_are_checked():
     with pytest.raises(CollapsecheckError, match="top-p"):
-        SamplingParams(top_p=0)
+        SamplingSettings(top_p=0)
     with pytest.raises(CollapsecheckError, match="temperature"):
-        SamplingParams(temperature=-1)
+        SamplingSettings(temperature=-1)

@@ -14,7 +14,7 @@ from collapsecheck.prompts import load_prompts
 from collapsecheck.rollouts import RolloutOptions
 from tests.conftest import EXAMPLES, HEALTHY, PROMPTS
 
-SCORE = {"device": "cpu", "resamples": 200}
+SCORE = {"device": "cpu", "bootstrap": 200}
 FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, **SCORE}
 
 

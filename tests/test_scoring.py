@@ -7,6 +7,7 @@ import torch
 from collapsecheck.backends.base import ScoreRequest, no_progress
 from collapsecheck.backends.hf import TransformersBackend, common_prefix_length, length_batches
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.settings import LoadSettings
 
 TOLERANCE = 1e-4  # nats per trace, float32 (the scan issue's bound)
 
@@ -40,10 +41,8 @@ def test_cached_and_naive_match_a_plain_forward(random_checkpoint, batch_tokens)
     for scorer in ("cached", "naive"):
         backend = TransformersBackend.from_checkpoint(
             random_checkpoint,
-            device="cpu",
-            dtype="float32",
+            LoadSettings(device="cpu", dtype="float32", batch_tokens=batch_tokens),
             scorer=scorer,
-            batch_tokens=batch_tokens,
         )
         results[scorer] = backend.loglikelihood(requests, no_progress)
     expected = np.array([reference(backend.model, r) for r in requests])
@@ -83,7 +82,9 @@ def record_batch_shapes(model):
 
 def test_common_system_prompt_is_computed_once_and_exactly(random_checkpoint):
     requests = system_prompt_requests()
-    backend = TransformersBackend.from_checkpoint(random_checkpoint, device="cpu", dtype="float32")
+    backend = TransformersBackend.from_checkpoint(
+        random_checkpoint, LoadSettings(device="cpu", dtype="float32")
+    )
     shapes, handle = record_batch_shapes(backend.model)
     scores = backend.loglikelihood(requests, no_progress)
     handle.remove()
@@ -103,7 +104,9 @@ def test_out_of_memory_splits_the_batch_and_stays_exact(random_checkpoint, score
     """A real model that runs out of memory above two sequences: the guard halves the batch."""
     requests = requests_with_padding()
     backend = TransformersBackend.from_checkpoint(
-        random_checkpoint, device="cpu", dtype="float32", scorer=scorer, batch_tokens=4096
+        random_checkpoint,
+        LoadSettings(device="cpu", dtype="float32", batch_tokens=4096),
+        scorer=scorer,
     )
 
     def out_of_memory_above_two(module, args, kwargs):
@@ -121,7 +124,7 @@ def test_out_of_memory_splits_the_batch_and_stays_exact(random_checkpoint, score
 
 
 def test_auto_batch_tokens_fits_the_model(random_checkpoint):
-    backend = TransformersBackend.from_checkpoint(random_checkpoint, device="cpu")
+    backend = TransformersBackend.from_checkpoint(random_checkpoint, LoadSettings(device="cpu"))
     assert 256 <= backend.batch_tokens <= 2**17
     with pytest.raises(CollapsecheckError, match="--batch-tokens must be auto or a number"):
-        TransformersBackend.from_checkpoint(random_checkpoint, device="cpu", batch_tokens="lots")
+        LoadSettings(device="cpu", batch_tokens="lots")

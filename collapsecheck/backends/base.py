@@ -5,29 +5,24 @@ above the backends (reasoning extraction, cross-scoring, metrics) works on token
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from collapsecheck.errors import CollapsecheckError
+from collapsecheck.progress import Progress, no_progress
 
-Progress = Callable[[int], None]
+if TYPE_CHECKING:
+    from collapsecheck.formats.base import Checkpoint
+    from collapsecheck.settings import LoadSettings, SamplingSettings
 
-# Tokens per scoring batch (batch size x longest sequence): "auto" sizes it to the memory.
-DEFAULT_BATCH_TOKENS = "auto"
-# Sequences decoded together while sampling (prompts per batch = this // K).
-DEFAULT_SAMPLE_ROWS = 128
-
-
-def no_progress(_: int) -> None:
-    """Progress callback that reports nothing."""
+__all__ = ["Backend", "Progress", "Sample", "SamplingParams", "ScoreRequest", "no_progress"]
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """SPEC "Sampling": the policy's own distribution, as in training rollouts."""
+    """SPEC "Sampling": what a backend's `generate` needs (validated in SamplingSettings)."""
 
     k: int = 8
     temperature: float = 1.0
@@ -35,17 +30,9 @@ class SamplingParams:
     max_new_tokens: int = 256
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.k < 1:
-            raise CollapsecheckError(f"-k/--samples must be at least 1, got {self.k}")
-        if self.temperature < 0:
-            raise CollapsecheckError(f"--temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise CollapsecheckError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise CollapsecheckError(
-                f"--max-new-tokens must be at least 1, got {self.max_new_tokens}"
-            )
+    @classmethod
+    def of(cls, sampling: SamplingSettings, seed: int) -> SamplingParams:
+        return cls(sampling.k, sampling.temperature, sampling.top_p, sampling.max_new_tokens, seed)
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -80,10 +67,19 @@ class ScoreRequest:
 
 
 class Backend(Protocol):
-    """What every model backend provides."""
+    """What every model backend provides. A backend is registered by name in
+    `collapsecheck.backends.registry` and builds itself with `from_checkpoint`."""
 
+    name: str
     tokenizer: Any  # a transformers tokenizer: renders prompts, decodes responses
     max_length: int | None  # the model's context length in tokens, where known
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, settings: LoadSettings, scorer: str | None
+    ) -> Backend:
+        """Load a checkpoint; `scorer` names this backend's scorer, None when it only samples."""
+        ...
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
@@ -103,17 +99,33 @@ class Backend(Protocol):
         """Backend, device, dtype and scorer, for the report's settings."""
         ...
 
+    def close(self) -> None:
+        """Release the model and its engine (worker processes, device memory)."""
+        ...
 
-def close_backend(backend: Backend) -> None:
-    """Release a backend's engine (worker processes, device memory) where it holds one."""
-    close = getattr(backend, "close", None)
-    if close is not None:
-        close()
+
+def stop_token_ids(*sources: int | Iterable[int] | None) -> list[int]:
+    """End-of-sequence ids, in the order of their sources (generation config, tokenizer),
+    each once."""
+    ids: list[int] = []
+    for source in sources:
+        tokens = [source] if source is None or isinstance(source, int) else list(source)
+        ids += [int(t) for t in tokens if t is not None and int(t) not in ids]
+    return ids
+
+
+def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Token ids to text, special tokens kept, no clean-up: what every backend's decode is."""
+    return tokenizer.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
 
 
 class SplitBackend:
     """Samples with one backend and scores with another, both over the same checkpoint (vLLM
     sampling with the transformers scorer, say)."""
+
+    name = "split"
 
     def __init__(self, sampler: Backend, scorer: Backend) -> None:
         self.sampler, self.scorer = sampler, scorer
@@ -140,5 +152,5 @@ class SplitBackend:
         }
 
     def close(self) -> None:
-        close_backend(self.sampler)
-        close_backend(self.scorer)
+        self.sampler.close()
+        self.scorer.close()

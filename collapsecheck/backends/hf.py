@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -19,13 +20,13 @@ import numpy as np
 import torch
 
 from collapsecheck.backends.base import (
-    DEFAULT_BATCH_TOKENS,
-    DEFAULT_SAMPLE_ROWS,
     Progress,
     Sample,
     SamplingParams,
     ScoreRequest,
+    decode_ids,
     prompt_seed,
+    stop_token_ids,
 )
 from collapsecheck.checkpoint import (
     Checkpoint,
@@ -36,8 +37,7 @@ from collapsecheck.checkpoint import (
     resolve_dtype,
 )
 from collapsecheck.errors import CollapsecheckError
-
-SCORERS = ("cached", "naive")
+from collapsecheck.settings import DEFAULT_SAMPLE_BATCH, LoadSettings
 
 
 def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
@@ -83,17 +83,8 @@ def auto_batch_tokens(model: Any) -> int:
 
 
 def resolve_batch_tokens(value: int | str, model: Any) -> int:
-    if value == AUTO:
-        return auto_batch_tokens(model)
-    try:
-        tokens = int(value)
-    except ValueError:
-        raise CollapsecheckError(
-            f"--batch-tokens must be auto or a number, got {value!r}"
-        ) from None
-    if tokens < 1:
-        raise CollapsecheckError(f"--batch-tokens must be at least 1, got {tokens}")
-    return tokens
+    """--batch-tokens (checked in LoadSettings): a number, or `auto` sized to the memory."""
+    return auto_batch_tokens(model) if value == AUTO else int(value)
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -165,15 +156,9 @@ class TransformersBackend:
         tokenizer: Any,
         *,
         scorer: str = "cached",
-        batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
-        sample_rows: int = DEFAULT_SAMPLE_ROWS,
+        batch_tokens: int | str = AUTO,
+        sample_batch: int = DEFAULT_SAMPLE_BATCH,
     ) -> None:
-        if scorer not in SCORERS:
-            raise CollapsecheckError(
-                f"--scorer must be one of {', '.join(SCORERS)}, got {scorer!r}"
-            )
-        if sample_rows < 1:
-            raise CollapsecheckError(f"--sample-batch must be at least 1, got {sample_rows}")
         embeddings = model.get_input_embeddings().num_embeddings
         if len(tokenizer) > embeddings:
             raise CollapsecheckError(
@@ -186,50 +171,42 @@ class TransformersBackend:
         self.max_length: int | None = getattr(config, "max_position_embeddings", None)
         self.scorer = scorer
         self.batch_tokens = resolve_batch_tokens(batch_tokens, model)
-        self.sample_rows = sample_rows
+        self.sample_batch = sample_batch
         self.device = str(next(model.parameters()).device)
-        self.stop_ids = self._stop_token_ids()
+        generation = getattr(model, "generation_config", None)
+        self.stop_ids = stop_token_ids(
+            getattr(generation, "eos_token_id", None), tokenizer.eos_token_id
+        )
         self.pad_id = int(self.stop_ids[0]) if self.stop_ids else 0
 
     @classmethod
     def from_checkpoint(
         cls,
         checkpoint: Checkpoint | str | Path,
-        *,
-        device: str = "auto",
-        dtype: str = "auto",
-        scorer: str = "cached",
-        batch_tokens: int | str = DEFAULT_BATCH_TOKENS,
-        sample_rows: int = DEFAULT_SAMPLE_ROWS,
-        trust_remote_code: bool = False,
-        trust_checkpoint_pickle: bool = False,
+        settings: LoadSettings | None = None,
+        scorer: str | None = "cached",
     ) -> TransformersBackend:
-        """Load a checkpoint of any supported format (see `collapsecheck.checkpoint`; a LoRA
-        adapter whose base is not local comes resolved, from `load_backend`)."""
+        """Load a checkpoint of any supported format (see `collapsecheck.checkpoint`)."""
+        settings = settings or LoadSettings()
         if not isinstance(checkpoint, Checkpoint):
-            checkpoint = require_checkpoint(checkpoint)
-        tokenizer = load_tokenizer(checkpoint, trust_remote_code)
-        resolved = resolve_device(device)
-        model = load_model(
-            checkpoint,
-            resolved,
-            resolve_dtype(dtype, resolved),
-            trust_remote_code=trust_remote_code,
-            trust_pickle=trust_checkpoint_pickle,
-        )
+            checkpoint = require_checkpoint(checkpoint, settings.base_model)
+        tokenizer = load_tokenizer(checkpoint, settings.trust_remote_code)
+        device = resolve_device(settings.device)
+        model = load_model(checkpoint, device, resolve_dtype(settings.dtype, device), settings)
         return cls(
-            model, tokenizer, scorer=scorer, batch_tokens=batch_tokens, sample_rows=sample_rows
+            model,
+            tokenizer,
+            scorer=scorer or "cached",
+            batch_tokens=settings.batch_tokens,
+            sample_batch=settings.sample_batch,
         )
 
-    def _stop_token_ids(self) -> list[int]:
-        """End-of-sequence ids of the generation config and the tokenizer, in that order."""
-        ids: list[int] = []
-        config = getattr(self.model, "generation_config", None)
-        for source in (getattr(config, "eos_token_id", None), self.tokenizer.eos_token_id):
-            for token in source if isinstance(source, list) else [source]:
-                if token is not None and int(token) not in ids:
-                    ids.append(int(token))
-        return ids
+    def close(self) -> None:
+        """Drop the model and give its memory back (the next checkpoint loads after this)."""
+        self.model = None
+        gc.collect()
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
     def describe(self) -> dict[str, str]:
         return {
@@ -240,9 +217,7 @@ class TransformersBackend:
         }
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(
-            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        return decode_ids(self.tokenizer, ids)
 
     # -- the shared step: run a context once --------------------------------------------
 
@@ -334,7 +309,7 @@ class TransformersBackend:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
     ) -> list[list[Sample]]:
-        per_batch = max(1, self.sample_rows // params.k)
+        per_batch = max(1, self.sample_batch // params.k)
         results: list[list[Sample]] = []
         for start in range(0, len(prompts), per_batch):
             chunk = range(start, min(start + per_batch, len(prompts)))

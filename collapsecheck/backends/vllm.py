@@ -9,7 +9,9 @@ and everything above the backend are the same as with transformers.
 from __future__ import annotations
 
 import gc
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,20 +21,31 @@ from collapsecheck.backends.base import (
     Sample,
     SamplingParams,
     ScoreRequest,
+    decode_ids,
     prompt_seed,
+    stop_token_ids,
 )
-from collapsecheck.checkpoint import HUGGINGFACE, Checkpoint
+from collapsecheck.checkpoint import HUGGINGFACE, Checkpoint, require_checkpoint, resolve_device
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.settings import LoadSettings
 
 CPU_MEMORY_SHARE = 0.1  # on CPU, vLLM's "gpu_memory_utilization" is the share of host memory
 
 
 def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("vllm") is not None
+
+
+def engine_device(device: str) -> str:
+    """vLLM places its engine on the GPUs that CUDA_VISIBLE_DEVICES shows, not on a device
+    index: `cuda:N` is refused rather than silently ignored."""
+    resolved = resolve_device(device)
+    if resolved.startswith("cuda:"):
+        raise CollapsecheckError(
+            f"--device {device}: the vLLM engine uses the GPUs CUDA_VISIBLE_DEVICES shows; run "
+            f"with CUDA_VISIBLE_DEVICES={resolved.split(':')[1]} and --device cuda instead"
+        )
+    return resolved
 
 
 class VLLMBackend:
@@ -40,17 +53,8 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(
-        self,
-        checkpoint: Checkpoint,
-        *,
-        device: str = "auto",
-        dtype: str = "auto",
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float | None = None,
-        max_model_len: int | None = None,
-        trust_remote_code: bool = False,
-    ) -> None:
+    def __init__(self, checkpoint: Checkpoint, settings: LoadSettings | None = None) -> None:
+        settings = settings or LoadSettings()
         if checkpoint.kind != HUGGINGFACE:
             raise CollapsecheckError(
                 f"{checkpoint.path}: the vLLM backend reads Hugging Face checkpoint directories; "
@@ -63,12 +67,9 @@ class VLLMBackend:
                 "--backend vllm: vLLM is not installed (pip install 'collapsecheck[vllm]' on a "
                 "GPU machine; see the README for the CPU build)"
             ) from None
-        import torch
-
-        on_gpu = device != "cpu" and torch.cuda.is_available()
-        if dtype == "auto":
-            dtype = "auto" if on_gpu else "float32"
-        share = gpu_memory_utilization or (0.9 if on_gpu else CPU_MEMORY_SHARE)
+        on_gpu = engine_device(settings.device) == "cuda"
+        dtype = settings.dtype if settings.dtype != "auto" or on_gpu else "float32"
+        share = settings.gpu_memory_utilization or (0.9 if on_gpu else CPU_MEMORY_SHARE)
         try:
             self.llm = LLM(
                 model=str(checkpoint.path),
@@ -76,10 +77,10 @@ class VLLMBackend:
                 dtype=dtype,
                 seed=0,
                 enable_prefix_caching=True,
-                tensor_parallel_size=tensor_parallel_size,
+                tensor_parallel_size=settings.tensor_parallel_size,
                 gpu_memory_utilization=share,
-                max_model_len=max_model_len,
-                trust_remote_code=trust_remote_code,
+                max_model_len=settings.max_model_len,
+                trust_remote_code=settings.trust_remote_code,
             )
         except Exception as err:  # the engine reports a failed start in many ways
             message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -91,17 +92,25 @@ class VLLMBackend:
         self.dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         self.device = "cuda" if on_gpu else "cpu"
         generation = self.llm.llm_engine.model_config.try_get_generation_config()
-        eos = generation.get("eos_token_id")
-        ids = [*(eos if isinstance(eos, list) else [eos]), self.tokenizer.eos_token_id]
-        self.stop_ids = sorted({int(i) for i in ids if i is not None})
+        self.stop_ids = stop_token_ids(generation.get("eos_token_id"), self.tokenizer.eos_token_id)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: Checkpoint | str | Path,
+        settings: LoadSettings | None = None,
+        scorer: str | None = None,
+    ) -> VLLMBackend:
+        settings = settings or LoadSettings()
+        if not isinstance(checkpoint, Checkpoint):
+            checkpoint = require_checkpoint(checkpoint, settings.base_model)
+        return cls(checkpoint, settings)
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name, "device": self.device, "dtype": self.dtype, "scorer": "vllm"}
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(
-            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        return decode_ids(self.tokenizer, ids)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress

@@ -14,22 +14,24 @@ from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.backends.vllm import VLLMBackend
 from collapsecheck.checkpoint import require_checkpoint
 from collapsecheck.prompts import load_prompts, render_prompt
+from collapsecheck.settings import LoadSettings
 from tests.conftest import HEALTHY, PROMPTS
 
-FAST = {"k": 4, "num_prompts": 8, "max_new_tokens": 48, "device": "cpu", "resamples": 200}
+FAST = {"k": 4, "num_prompts": 8, "max_new_tokens": 48, "device": "cpu", "bootstrap": 200}
 
 
 @pytest.fixture(scope="module")
 def engine():
-    backend = VLLMBackend(require_checkpoint(HEALTHY), device="cpu", dtype="float32")
+    backend = VLLMBackend(require_checkpoint(HEALTHY), LoadSettings(device="cpu", dtype="float32"))
     yield backend
     backend.close()
 
 
 @pytest.fixture(scope="module")
 def reference():
-    return TransformersBackend.from_checkpoint(HEALTHY, device="cpu", dtype="float32",
-                                               scorer="naive")  # fmt: skip
+    return TransformersBackend.from_checkpoint(
+        HEALTHY, LoadSettings(device="cpu", dtype="float32"), scorer="naive"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,9 @@ def test_vllm_scores_equal_the_reference(engine, reference, prompt_ids):
 
 
 def test_vllm_traces_give_the_transformers_verdict(engine):
-    scorer = TransformersBackend.from_checkpoint(HEALTHY, device="cpu", dtype="float32")
+    scorer = TransformersBackend.from_checkpoint(
+        HEALTHY, LoadSettings(device="cpu", dtype="float32")
+    )
     via_vllm = scan(HEALTHY, PROMPTS, backend=SplitBackend(engine, scorer), **FAST)
     via_transformers = scan(HEALTHY, PROMPTS, **FAST)
     assert via_vllm.verdict.regime == via_transformers.verdict.regime == "grounded"

@@ -1,4 +1,5 @@
-"""veRL FSDP actor checkpoints: `model_world_size_W_rank_R.pt` shards merged in memory.
+"""veRL FSDP actor checkpoints: `model_world_size_W_rank_R.pt` shards beside
+`huggingface/config.json` (in the folder or its `actor/`), merged in memory.
 
 Each shard is one rank's state dict. Its values are DTensors (FSDP2) whose placement says
 how to merge them (Shard(d): concatenate along d in rank order; Replicate: any one), or
@@ -17,19 +18,52 @@ import re
 from pathlib import Path
 from typing import Any
 
-from collapsecheck.checkpoint import SHARD_GLOB
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.formats.base import Checkpoint, LoadBase, Require, model_from_config, own_files
+from collapsecheck.settings import LoadSettings
 
-SHARD_NAME = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt$")
+KIND = "verl-fsdp"
+SHARD_NAME = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
+SHARD_PATTERN = "model_world_size_W_rank_R.pt"
+EXPECTED = f"veRL {SHARD_PATTERN} shards with huggingface/config.json"
+LOCATIONS = (".", "actor")
+
+
+def shard_files(directory: Path) -> list[tuple[int, int, Path]]:
+    """(world size, rank, path) of every shard file in a directory."""
+    found = []
+    for path in sorted(directory.glob("model_world_size_*_rank_*.pt")):
+        match = SHARD_NAME.fullmatch(path.name)
+        if match:
+            found.append((int(match.group(1)), int(match.group(2)), path))
+    return found
+
+
+def _is_actor(path: Path) -> bool:
+    return (
+        path.is_dir()
+        and (path / "huggingface" / "config.json").is_file()
+        and bool(shard_files(path))
+    )
+
+
+def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint | None:
+    for candidate in (path / location for location in LOCATIONS):
+        if _is_actor(candidate):
+            return Checkpoint(KIND, candidate, candidate / "huggingface")
+    return None
+
+
+def files(checkpoint: Checkpoint) -> list[Path]:
+    shards = [path for _, _, path in shard_files(checkpoint.path)]
+    return shards + own_files(checkpoint.config_dir)
 
 
 def shard_paths(actor_dir: Path) -> list[Path]:
     """The shards of one world size, in rank order, all ranks present."""
     found: dict[int, dict[int, Path]] = {}
-    for path in actor_dir.glob(SHARD_GLOB):
-        match = SHARD_NAME.search(path.name)
-        if match:
-            found.setdefault(int(match.group(1)), {})[int(match.group(2))] = path
+    for world, rank, path in shard_files(actor_dir):
+        found.setdefault(world, {})[rank] = path
     if len(found) != 1:
         raise CollapsecheckError(
             f"{actor_dir}: shards of {len(found)} different world sizes; expected one"
@@ -81,3 +115,21 @@ def load_fsdp_state_dict(actor_dir: Path, trust_pickle: bool = False) -> dict[st
     shards = [load_shard(p, trust_pickle) for p in shard_paths(actor_dir)]
     keys = [k for k, v in shards[0].items() if isinstance(v, torch.Tensor)]
     return {key: _merge(key, [shard[key] for shard in shards]).contiguous() for key in keys}
+
+
+def load_weights(
+    checkpoint: Checkpoint, dtype: Any, settings: LoadSettings, load_base: LoadBase
+) -> Any:
+    model = model_from_config(checkpoint.config_dir, dtype, settings.trust_remote_code)
+    state = load_fsdp_state_dict(checkpoint.path, settings.trust_checkpoint_pickle)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied and "lm_head" not in k]
+    if missing or unexpected:
+        raise CollapsecheckError(
+            f"{checkpoint.path}: the merged shards do not fit the config "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    if tied:
+        model.tie_weights()
+    return model

@@ -1,0 +1,74 @@
+"""The report of a run directory: one scan report per checkpoint, in step order, and the
+onset of collapse. Types only (no pipeline), so the gate, console and plot can use them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.discovery import RunCheckpoint
+from collapsecheck.files import write_text_atomic
+from collapsecheck.metrics import point_value
+from collapsecheck.onset import Onset
+from collapsecheck.report import KEY_METRICS, Report
+
+RUN_FORMAT = 1
+EMA_KEYS = ("mi_zscore_ema", "mi_zscore_ema_seq", "marginal_std_ema", "marginal_std_ema_seq")
+
+
+@dataclass
+class RunStep:
+    checkpoint: RunCheckpoint
+    report: Report
+
+
+@dataclass
+class RunReport:
+    run_dir: Path
+    steps: list[RunStep]
+    onset: Onset | None
+
+    @property
+    def onset_step(self) -> int | str | None:
+        if self.onset is None:
+            return None
+        checkpoint = self.steps[self.onset.index].checkpoint
+        return checkpoint.step if checkpoint.step is not None else checkpoint.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": RUN_FORMAT,
+            "run_dir": str(self.run_dir),
+            "onset_step": self.onset_step,
+            "onset": self.onset.to_dict() if self.onset else None,
+            "steps": [
+                {
+                    "name": s.checkpoint.name,
+                    "step": s.checkpoint.step,
+                    "checkpoint": str(s.checkpoint.checkpoint.path),
+                    "format": s.checkpoint.checkpoint.kind,
+                    "dump": str(s.report.dump_dir) if s.report.dump_dir else None,
+                    "report": s.report.to_dict(),
+                }
+                for s in self.steps
+            ],
+        }
+
+    def to_frame(self) -> Any:
+        """One row per checkpoint: key metrics, the run-smoothed z-scores and the regime."""
+        import pandas as pd
+
+        rows = []
+        for step in self.steps:
+            metrics = step.report.metrics
+            row: dict[str, Any] = {"step": step.checkpoint.label}
+            row.update({key: point_value(metrics[key]) for key in (*KEY_METRICS, *EMA_KEYS)})
+            row["regime"] = step.report.verdict.regime
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("step")
+
+    def save(self, path: Path) -> Path:
+        import json
+
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")

@@ -1,0 +1,288 @@
+"""Settings: one typed, frozen dataclass per concern, each field named like its CLI flag.
+
+    LoadSettings      what to load, on which engine, in what memory
+    SamplingSettings  how to sample (scan, compare)
+    PromptSettings    how prompts are read and rendered
+    ScoringSettings   what is scored: the reasoning segment, the negatives
+    AnalysisSettings  the seed and the bootstrap
+
+Every field's metadata says whether it changes the numbers (`numbers`); only those fields
+key the results cache (`Settings.numbers`), together with NUMBERS_VERSION. The CLI builds its
+options from these fields (`collapsecheck.cli`), so a flag is declared once, here. Values are
+checked where a dataclass is built, before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.backends.registry import AUTO, BACKEND_NAMES, SCORER_NAMES
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.reasoning import REGEX, WHOLE, ReasoningSpec
+
+# Bump when a code change alters the numbers of a scan whose settings are unchanged: the
+# results cache then recomputes instead of answering with stale numbers.
+NUMBERS_VERSION = 1
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+DEFAULT_SAMPLE_BATCH = 128
+
+
+def setting(
+    default: Any, help: str, *, numbers: bool, flags: tuple[str, ...] = (), cli_type: Any = None
+) -> Any:
+    """A settings field: its default, its --help text, whether it changes the numbers, and
+    (where they differ from `--field-name`) its flags and the type the command line parses."""
+    return field(
+        default=default,
+        metadata={"help": help, "numbers": numbers, "flags": flags, "cli_type": cli_type},
+    )
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise CollapsecheckError(message)
+
+
+def _at_least(value: int | float | None, minimum: int | float, name: str) -> None:
+    if value is not None:
+        _require(value >= minimum, f"{flag_name(name)} must be at least {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """What to load: the engine, the device and dtype, and how the engine batches."""
+
+    backend: str = setting(
+        "transformers", "transformers, vllm, or auto (vLLM when installed and on a GPU).",
+        numbers=True,
+    )  # fmt: skip
+    scorer: str = setting(
+        AUTO, "auto, cached or naive (transformers), vllm (prompt log-probabilities).",
+        numbers=True,
+    )  # fmt: skip
+    device: str = setting("auto", "auto, cpu or cuda[:N].", numbers=True)
+    dtype: str = setting("auto", "auto, float32, bfloat16 or float16.", numbers=True)
+    base_model: Path | None = setting(
+        None, "Base model directory of a LoRA/PEFT adapter checkpoint.",
+        numbers=False,  # its files are part of the checkpoint's fingerprint
+    )  # fmt: skip
+    trust_remote_code: bool = setting(
+        False, "Run the model code a checkpoint ships.", numbers=False
+    )
+    trust_checkpoint_pickle: bool = setting(
+        False, "Unpickle veRL shards that hold more than tensors (can run code).", numbers=False
+    )
+    batch_tokens: int | str = setting(
+        AUTO, "Tokens per scoring batch (batch x length), or auto (fit the memory).",
+        numbers=False, cli_type=str,
+    )  # fmt: skip
+    sample_batch: int = setting(
+        DEFAULT_SAMPLE_BATCH, "Sequences decoded together while sampling.", numbers=False
+    )
+    tensor_parallel_size: int = setting(1, "vLLM: GPUs to split the model over.", numbers=False)
+    gpu_memory_utilization: float | None = setting(
+        None, "vLLM: share of GPU (CPU build: host) memory to use.", numbers=False
+    )
+    max_model_len: int | None = setting(
+        None, "vLLM: context length to allocate.",
+        numbers=True,  # decides which prompts fit, and where they are cut
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        choices = (AUTO, *BACKEND_NAMES)
+        _require(
+            self.backend in choices,
+            f"--backend must be one of {', '.join(choices)}, got {self.backend!r}",
+        )
+        scorers = (AUTO, *SCORER_NAMES)
+        _require(
+            self.scorer in scorers,
+            f"--scorer must be one of {', '.join(scorers)}, got {self.scorer!r}",
+        )
+        _require(
+            DEVICE_PATTERN.fullmatch(self.device) is not None,
+            f"--device must be auto, cpu or cuda[:N], got {self.device!r}",
+        )
+        _require(
+            self.dtype in DTYPES,
+            f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}",
+        )
+        object.__setattr__(self, "batch_tokens", _batch_tokens(self.batch_tokens))
+        if self.base_model is not None:
+            object.__setattr__(self, "base_model", Path(self.base_model))
+        _at_least(self.sample_batch, 1, "sample_batch")
+        _at_least(self.tensor_parallel_size, 1, "tensor_parallel_size")
+        _at_least(self.max_model_len, 1, "max_model_len")
+        share = self.gpu_memory_utilization
+        _require(
+            share is None or 0 < share <= 1,
+            f"--gpu-memory-utilization must be in (0, 1], got {share}",
+        )
+
+
+def _batch_tokens(value: int | str) -> int | str:
+    if value == AUTO:
+        return value
+    try:
+        tokens = int(value)
+    except ValueError:
+        raise CollapsecheckError(
+            f"--batch-tokens must be auto or a number, got {value!r}"
+        ) from None
+    _at_least(tokens, 1, "batch_tokens")
+    return tokens
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How to sample: SPEC "Sampling" (the policy's own distribution by default)."""
+
+    k: int = setting(8, "Samples per prompt.", numbers=True, flags=("-k", "--samples"))
+    num_prompts: int | None = setting(
+        None, "Use the first N prompts.", numbers=True, flags=("--num-prompts", "-n")
+    )
+    max_new_tokens: int = setting(256, "Length limit per response.", numbers=True)
+    temperature: float = setting(1.0, "Sampling temperature.", numbers=True)
+    top_p: float = setting(1.0, "Nucleus sampling threshold.", numbers=True)
+
+    def __post_init__(self) -> None:
+        _require(self.k >= 1, f"-k/--samples must be at least 1, got {self.k}")
+        _at_least(self.num_prompts, 2, "num_prompts")
+        _at_least(self.max_new_tokens, 1, "max_new_tokens")
+        _require(self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}")
+        _require(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """How prompts are read and rendered (SPEC "Inputs")."""
+
+    prompt_field: str | None = setting(
+        None, "JSONL field holding the prompt (default prompt/messages).", numbers=True
+    )
+    as_chat: bool = setting(False, "Wrap plain-string prompts as one user message.", numbers=True)
+    system_prompt: str | None = setting(
+        None, "Add this system message to prompts that have none.", numbers=True
+    )
+    truncate_prompts: bool = setting(
+        False, "Cut prompts too long for the model's context to their last tokens (reported).",
+        numbers=True,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    """What is scored: the reasoning segment Z, and under how many prompts."""
+
+    reasoning_tags: str | None = setting(
+        None, "Reasoning between OPEN,CLOSE (default <think>,</think>).", numbers=True
+    )
+    reasoning_regex: str | None = setting(
+        None, "Reasoning matched by a regex (its group 1 if any).", numbers=True
+    )
+    whole_response: bool = setting(False, "Score the whole response as reasoning.", numbers=True)
+    negatives: int | None = setting(
+        None, "Score each trace under its own prompt and M sampled others, not all N.",
+        numbers=True,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        given = [
+            flag_name(name)
+            for name in ("reasoning_tags", "reasoning_regex", "whole_response")
+            if getattr(self, name)
+        ]
+        _require(len(given) <= 1, f"choose one of {' and '.join(given)}, not both")
+        _at_least(self.negatives, 1, "negatives")
+        self.reasoning  # noqa: B018  (builds the spec: a bad tag pair or regex fails here)
+
+    @property
+    def reasoning(self) -> ReasoningSpec:
+        if self.reasoning_tags:
+            return ReasoningSpec.from_tags(self.reasoning_tags)
+        if self.reasoning_regex:
+            return ReasoningSpec(REGEX, regex=self.reasoning_regex)
+        return ReasoningSpec(WHOLE) if self.whole_response else ReasoningSpec()
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """The seed (of sampling, negatives, turn sampling and the bootstrap) and the bootstrap."""
+
+    seed: int = setting(0, "Seed of sampling and bootstrap.", numbers=True)
+    bootstrap: int = setting(1000, "Bootstrap resamples.", numbers=True)
+
+    def __post_init__(self) -> None:
+        _require(self.bootstrap >= 0, f"--bootstrap must be >= 0, got {self.bootstrap}")
+
+
+GROUPS = {
+    "load": LoadSettings,
+    "sampling": SamplingSettings,
+    "prompts": PromptSettings,
+    "scoring": ScoringSettings,
+    "analysis": AnalysisSettings,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of a scan, by concern. `Settings.build(k=4, device="cpu")` takes the
+    flags' names flat; an unknown name is an error naming it."""
+
+    load: LoadSettings = field(default_factory=LoadSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    prompts: PromptSettings = field(default_factory=PromptSettings)
+    scoring: ScoringSettings = field(default_factory=ScoringSettings)
+    analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
+
+    @classmethod
+    def build(cls, **flags: Any) -> Settings:
+        return cls().replace(**flags)
+
+    def replace(self, **flags: Any) -> Settings:
+        """These settings with some flags changed (flat names, as on the command line)."""
+        owner = {f.name: group for group, kind in GROUPS.items() for f in fields(kind)}
+        unknown = sorted(set(flags) - set(owner))
+        if unknown:
+            raise CollapsecheckError(
+                f"unknown setting {', '.join(unknown)} (known: {', '.join(sorted(owner))})"
+            )
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in flags.items():
+            changes.setdefault(owner[name], {})[name] = value
+        return dataclasses.replace(
+            self,
+            **{g: dataclasses.replace(getattr(self, g), **c) for g, c in changes.items()},
+        )
+
+    def numbers(self) -> dict[str, Any]:
+        """The settings that change the numbers, in JSON-able form: the cache key's part."""
+        key: dict[str, Any] = {"numbers_version": NUMBERS_VERSION}
+        for group in GROUPS:
+            values = getattr(self, group)
+            key[group] = {
+                f.name: _plain(getattr(values, f.name))
+                for f in fields(values)
+                if f.metadata["numbers"]
+            }
+        return key
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
+
+
+def resolve_settings(settings: Settings | None, flags: dict[str, Any]) -> Settings:
+    """The settings a Python API call asked for: `settings` (or the defaults) with `flags`."""
+    return (settings or Settings()).replace(**flags) if flags else settings or Settings()

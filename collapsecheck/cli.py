@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -42,7 +43,7 @@ from collapsecheck.settings import (
     flag_name,
 )
 
-EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_FAIL, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 1, 2, 3, 130
 DEBUG_ENV = "COLLAPSECHECK_DEBUG"
 
 app = typer.Typer(
@@ -50,7 +51,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
-    help="Detect template collapse in RL-trained LLM agents (see docs/SPEC.md).",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Detect template collapse in RL-trained LLM agents. Every metric and the verdict are "
+    "defined in the SPEC: `collapsecheck spec` prints it.",
 )
 stdout = Console()
 stderr = Console(stderr=True)
@@ -67,21 +70,41 @@ PANELS = {
 }
 
 
+def _print_traceback(error: BaseException) -> None:
+    stderr.print("".join(traceback.format_exception(error)), markup=False, end="")
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn bad input into one line on stderr and exit code 2; Ctrl-C into exit code 130.
+    """Bad input: one line on stderr, exit code 2. Ctrl-C: exit code 130. A bug in
+    collapsecheck: one line, exit code 3 (never 1, which a CI gate reads as a failed rule).
     With --debug (or COLLAPSECHECK_DEBUG=1) the traceback of the error's cause comes too."""
     try:
         yield
     except CollapsecheckError as error:
         if state["debug"]:
-            cause = error.__context__ or error
-            stderr.print("".join(traceback.format_exception(cause)), markup=False, end="")
+            _print_traceback(error.__context__ or error)
         stderr.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE) from None
     except KeyboardInterrupt:
-        stderr.print("[bold red]interrupted[/]")
+        stderr.print(
+            "[bold red]interrupted:[/] finished work is kept; the same command resumes a run "
+            "directory or a scan with --out from where it stopped"
+        )
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (typer.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+        raise
+    except Exception as error:
+        if state["debug"]:
+            _print_traceback(error)
+        message = " ".join(str(error).split()) or type(error).__name__
+        stderr.print(
+            f"[bold red]internal error:[/] {escape(message)} ({type(error).__name__}); please "
+            "report it with the output of the same command run with --debug",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_INTERNAL) from None
 
 
 # -- settings dataclasses as options -----------------------------------------------------
@@ -126,7 +149,7 @@ def takes_settings(command: Callable[..., None]) -> Callable[..., None]:
             for name, group in groups.items():
                 names = [f.name for f in dataclasses.fields(group)]
                 built[name] = group(**{n: values.pop(n) for n in names})
-        command(**built, **values)
+            command(**built, **values)
 
     leading = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in leading]
     wrapper.__signature__ = signature.replace(parameters=leading + expanded + trailing)  # type: ignore[attr-defined]
@@ -154,6 +177,17 @@ Dump = Annotated[
 ]
 
 
+def check_outputs(files: dict[str, Path | None], directories: dict[str, Path | None]) -> None:
+    """Every output the command will write, checked before any model loads: work is never
+    lost to a path that cannot be written at the end."""
+    from collapsecheck.files import check_output_dir, check_output_file
+
+    for option, path in files.items():
+        check_output_file(path, option)
+    for option, path in directories.items():
+        check_output_dir(path, option)
+
+
 def require_prompts(prompts: Path | None) -> Path:
     if prompts is None:
         raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
@@ -170,7 +204,9 @@ def finish_gate(
         write_junit(junit, suite, results)
     failed = failures(results) if enforce else []
     for result in failed:
-        stderr.print(f"[bold red]failed:[/] {escape(result.name)}: {escape(result.message)}")
+        stderr.print(
+            f"[bold red]gate failed[/] (rule: {escape(result.name)}): {escape(result.message)}"
+        )
     if failed:
         raise typer.Exit(EXIT_FAIL)
 
@@ -248,7 +284,6 @@ def scan(
     markdown: Markdown = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
-    from collapsecheck.cache import default_cache_root
     from collapsecheck.console import progress_bars
     from collapsecheck.discovery import find_checkpoints
     from collapsecheck.runs import cached_scan, scan_run
@@ -266,14 +301,17 @@ def scan(
             )
         if plot is not None and not run:
             raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
+        check_outputs(
+            {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot},
+            {"--dump": dump, "--out": out},
+        )
         common = {"thresholds": gate.thresholds}
         with progress_bars(stderr) as progress:
             common["progress"] = progress
             if run:
-                cache = out or default_cache_root()
                 report = scan_run(
-                    checkpoint, run, prompt_file, settings, cache_root=cache, rescan=rescan,
-                    **common,
+                    checkpoint, prompt_file, settings, checkpoints=run, cache_root=out,
+                    rescan=rescan, **common,
                 )  # fmt: skip
             elif out is not None:
                 report = cached_scan(
@@ -329,6 +367,9 @@ def score(
     settings = Settings(load=load, prompts=rendering, scoring=scoring, analysis=analysis)
     with user_errors():
         gate = gate_settings.load()
+        check_outputs(
+            {"--json": json_path, "--markdown": markdown, "--junit": junit}, {"--dump": dump}
+        )
         options = RolloutOptions(
             prompt_field=rendering.prompt_field,
             response_field=response_field,
@@ -389,6 +430,13 @@ def compare(
         bool,
         typer.Option("--gate/--no-gate", help="Exit 1 when B lost input dependence."),
     ] = True,
+    allow_mismatch: Annotated[
+        bool,
+        typer.Option(
+            "--allow-mismatch",
+            help="Compare reports of other prompts or settings anyway (with a warning).",
+        ),
+    ] = False,
     config: Annotated[
         Path | None,
         typer.Option(
@@ -412,6 +460,9 @@ def compare(
     settings = Settings(load, sampling, rendering, scoring, analysis)
     with user_errors():
         gate = load_gate(config, max_drop=max_drop)
+        check_outputs(
+            {"--json": json_path, "--markdown": markdown, "--junit": junit}, {"--out": out}
+        )
         cache = out or default_cache_root()
         with progress_bars(stderr) as progress:
             first, second = (
@@ -420,9 +471,9 @@ def compare(
             )
         comparison = compare_reports(
             first, second, max_drop=gate.max_drop, resamples=analysis.bootstrap,
-            seed=analysis.seed,
+            seed=analysis.seed, allow_mismatch=allow_mismatch,
         )  # fmt: skip
-        results = [RuleResult("input dependence kept", not comparison.lost, comparison.reason)]
+        results = [RuleResult("input dependence", not comparison.lost, comparison.reason)]
         if json_path is not None:
             write_text_atomic(json_path, comparison.to_json())
         if markdown is not None:
@@ -432,12 +483,34 @@ def compare(
         finish_gate(results, junit, "collapsecheck.compare", enforce=gate_exit)
 
 
+@app.command()
+def spec() -> None:
+    """Print the measurement contract: every metric, the verdict, the dump format."""
+    from importlib.resources import files
+
+    print(files("collapsecheck").joinpath("SPEC.md").read_text(encoding="utf-8"), end="")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from collapsecheck import __version__
+
+        print(f"collapsecheck {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: Annotated[
         bool,
         typer.Option(
             "--debug", help=f"On an error, print its traceback too (or set {DEBUG_ENV}=1)."
+        ),
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
         ),
     ] = False,
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from collapsecheck.dump import MATRIX_FILE, read_dump
@@ -26,12 +26,40 @@ COMPARE_KEYS = (
     "retrieval_skill",
     "retrieval_accuracy",
     "mi_seq_estimate",
+    "conditional_entropy_est",
     "conditional_entropy_seq_est",
     "effective_traces_per_prompt",
     "distinct_reasoning_rate",
     "valid_reasoning_rate",
 )
 SAME_PROMPTS_KEYS = ("prompts_sha256", "num_prompts", "as_chat", "system_prompt")
+# What must agree for two reports to measure the same thing: (name, where in `settings`).
+COMPARABLE = (
+    ("prompt set", ("prompts_sha256",)),
+    ("number of prompts N", ("num_prompts",)),
+    ("samples per prompt K", ("samples_per_prompt",)),
+    ("seed", ("sampling", "seed")),
+    ("reasoning segment", ("reasoning",)),
+    ("chat wrapping (--as-chat)", ("as_chat",)),
+    ("system prompt", ("system_prompt",)),
+)
+
+
+def _setting(report: Report, path: tuple[str, ...]) -> Any:
+    value: Any = report.settings
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def differences(a: Report, b: Report) -> list[str]:
+    """What differs between two reports' prompts and settings, for a person to read."""
+    found = []
+    for name, path in COMPARABLE:
+        first, second = _setting(a, path), _setting(b, path)
+        if first != second:
+            found.append(f"{name}: A {first!r}, B {second!r}")
+    return found
 
 
 @dataclass
@@ -43,6 +71,7 @@ class Comparison:
     lost: bool
     reason: str
     max_drop: float
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +87,7 @@ class Comparison:
             "max_drop": self.max_drop,
             "lost_input_dependence": self.lost,
             "reason": self.reason,
+            "warnings": self.warnings,
             "metrics": {
                 key: {
                     "a": metric_to_json(self.a.metrics[key]),
@@ -97,11 +127,21 @@ def compare_reports(
     max_drop: float = 0.0,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    allow_mismatch: bool = False,
 ) -> Comparison:
     """B lost input dependence when every dependence metric (normalized MI, retrieval skill)
-    fell by more than `max_drop` with its whole 95% interval of the change below -max_drop."""
+    fell by more than `max_drop` with its whole 95% interval of the change below -max_drop.
+    Reports of other prompts or settings are refused, unless `allow_mismatch`: then the
+    differences are carried as warnings."""
     if max_drop < 0:
         raise CollapsecheckError(f"--max-drop must be >= 0, got {max_drop}")
+    differ = differences(a, b)
+    if differ and not allow_mismatch:
+        raise CollapsecheckError(
+            f"A and B are not comparable ({'; '.join(differ)}): scan both with the same "
+            "prompts and settings, or pass --allow-mismatch to compare anyway"
+        )
+    warnings = [f"not comparable, compared anyway: {d}" for d in differ]
     paired = _can_pair(a, b)
     if paired:
         deltas = paired_differences(
@@ -118,4 +158,4 @@ def compare_reports(
         reason = f"B lost input dependence relative to A beyond noise{tolerance}: {changes}"
     else:
         reason = f"B did not lose input dependence relative to A beyond noise{tolerance}: {changes}"
-    return Comparison(a, b, deltas, paired, lost, reason, max_drop)
+    return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

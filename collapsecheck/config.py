@@ -6,7 +6,7 @@ command line win over the file; the file wins over the defaults.
     fail_on = ["template_collapse", "low_entropy_collapse"]
     dependence_high = 0.7
     dependence_collapsed = 0.3
-    entropy_low = 1.0
+    entropy_low = 0.05
     max_drop = 0.0
 
     [tool.collapsecheck.min]      # any metric of the SPEC: fail below this point value
@@ -149,7 +149,7 @@ MINIMUM_FLAGS = {
     "min_normalized_mi": "normalized_mi",
     "min_retrieval_skill": "retrieval_skill",
     "min_valid_reasoning_rate": "valid_reasoning_rate",
-    "min_conditional_entropy": "conditional_entropy_seq_est",
+    "min_conditional_entropy": "conditional_entropy_est",
 }
 
 
@@ -165,7 +165,7 @@ class GateSettings:
         None, "Input dependence is collapsed at or below this (default 0.3).", numbers=False
     )
     entropy_low: float | None = setting(
-        None, "H(Z|X) below this (nats/trace) is low (default 1.0).", numbers=False
+        None, "H(Z|X) per token below this is low (default 0.05 nats).", numbers=False
     )
     fail_on: str | None = setting(
         None, "Regimes that fail the gate, comma-separated, or none (default: the collapses).",

@@ -20,9 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from collapsecheck.compare import Comparison
+from collapsecheck.formatting import format_number, plural
 from collapsecheck.metrics import Estimate, MetricValue, point_value
 from collapsecheck.progress import ProgressHook
-from collapsecheck.report import KEY_METRICS, Report, format_number
+from collapsecheck.report import KEY_METRICS, Report
 from collapsecheck.run_report import RunReport
 from collapsecheck.verdict import GROUNDED, INCONCLUSIVE
 
@@ -32,12 +33,18 @@ EXAMPLE_CHARS = 400
 EXAMPLE_TITLE = 70
 
 
+LOG_STEPS = 4  # a progress line at every quarter of a stage, in a log
+
+
 @contextmanager
 def progress_bars(console: Console) -> Iterator[ProgressHook]:
-    """A ProgressHook drawing one rich bar (with ETA) per pipeline stage; a stage that starts
-    again (the next checkpoint of a run) reuses its bar."""
+    """Progress of each pipeline stage: rich bars (with ETA) on a terminal, plain lines as the
+    work goes in a log (CI, a file), where a bar would only show at the end."""
+    if not console.is_terminal:
+        yield progress_lines(console)
+        return
     columns = (
-        TextColumn("[bold]{task.description:<9}"),
+        TextColumn("[bold]{task.description:<22}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -56,6 +63,24 @@ def progress_bars(console: Console) -> Iterator[ProgressHook]:
             return lambda n: bars.advance(task, n)
 
         yield start
+
+
+def progress_lines(console: Console) -> ProgressHook:
+    """A ProgressHook printing "stage: done/total" lines at the start, each quarter, the end."""
+
+    def start(stage: str, total: int) -> Callable[[int], None]:
+        console.print(f"{stage}: 0/{total}", highlight=False)
+        done = [0]
+        marks = {round(total * i / LOG_STEPS) for i in range(1, LOG_STEPS + 1)}
+
+        def advance(n: int) -> None:
+            before, done[0] = done[0], done[0] + n
+            if any(before < mark <= done[0] for mark in marks):
+                console.print(f"{stage}: {done[0]}/{total}", highlight=False)
+
+        return advance
+
+    return start
 
 
 def _format(x: float) -> str:
@@ -99,15 +124,30 @@ def verdict_line(report: Report) -> Text:
     return line
 
 
+NEXT_STEPS = (
+    'next: see which prompts collapsed and why in the README section "When the verdict is a '
+    'collapse"; compare with an earlier checkpoint (collapsecheck compare A B) or scan the '
+    "whole run directory to find the onset"
+)
+
+
+def print_warnings(console: Console, warnings: list[str]) -> None:
+    for warning in warnings:
+        console.print(Text("warning: ", style="bold yellow") + Text(warning))
+
+
 def print_report(console: Console, report: Report) -> None:
     console.print(metrics_table(report))
     counts = report.counts
+    samples = plural(report.settings["samples_per_prompt"], "sample")
     console.print(
-        f"{counts['prompts']} prompts x {report.settings['samples_per_prompt']} samples, "
-        f"{counts['scored_traces']} traces scored, "
-        f"{counts['reasoning_tokens_mean']:.1f} reasoning tokens each on average",
+        f"{plural(counts['prompts'], 'prompt')} x {samples}, "
+        f"{plural(counts['scored_traces'], 'trace')} scored, "
+        f"{counts['reasoning_tokens_mean']:.1f} reasoning tokens each on average"
+        + (" (answered from the results cache)" if report.timing.get("cached") else ""),
         style="dim",
     )
+    print_warnings(console, report.warnings)
     console.print(verdict_line(report))
     if report.verdict.is_collapse:
         console.print("Reasoning sampled for two different prompts; do they differ?")
@@ -115,29 +155,41 @@ def print_report(console: Console, report: Report) -> None:
             title = Text(f"prompt {example['prompt_index']}: {example['prompt']}"[:EXAMPLE_TITLE])
             reasoning = Text(example["reasoning"][:EXAMPLE_CHARS])
             console.print(Panel(reasoning, title=title, title_align="left"))
+        console.print(NEXT_STEPS, style="dim")
 
 
 RUN_COLUMNS = (
     ("norm. MI", "normalized_mi"),
     ("skill", "retrieval_skill"),
-    ("H(Z|X)", "conditional_entropy_seq_est"),
+    ("H(Z|X)/tok", "conditional_entropy_est"),
     ("z EMA", "mi_zscore_ema_seq"),
+)
+RUN_CAPTION = (
+    "norm. MI: normalized_mi; skill: retrieval_skill; H(Z|X)/tok: conditional entropy, nats "
+    "per token; z EMA: mi_zscore_ema_seq, MI over the marginal's spread with the spread "
+    "smoothed along the run (RAGEN-2's logged z-score); * answered from the results cache"
 )
 
 
 def print_run(console: Console, run: RunReport) -> None:
     """One row per checkpoint, then the onset and the latest checkpoint's verdict."""
-    table = Table(title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False)
+    table = Table(
+        title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False,
+        caption=RUN_CAPTION, caption_justify="left",
+    )  # fmt: skip
     table.add_column("step")
     for title, _ in RUN_COLUMNS:
         table.add_column(title, justify="right", no_wrap=True)
     table.add_column("norm. MI 95%", justify="right", no_wrap=True)
     table.add_column("regime")
-    for step in run.steps:
+    table.add_column("onset")
+    for index, step in enumerate(run.steps):
         metrics = step.report.metrics
         cells = [_format(point_value(metrics[key])) for _, key in RUN_COLUMNS]
         cells.append(_interval(metrics["normalized_mi"]))
-        table.add_row(step.checkpoint.label, *cells, regime_text(step.report))
+        label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
+        onset = run.onset.kind if run.onset and run.onset.index == index else ""
+        table.add_row(label, *cells, regime_text(step.report), Text(onset, style="bold"))
     console.print(table)
     cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
     if cached:
@@ -148,7 +200,7 @@ def print_run(console: Console, run: RunReport) -> None:
     if run.onset is None:
         line.append("none — no checkpoint collapsed or lost input dependence significantly")
     else:
-        line.append(f"step {run.onset_step}", style=COLLAPSE_STYLE)
+        line.append(f"step {run.onset_step} ({run.onset.kind})", style=COLLAPSE_STYLE)
         line.append(f" — {run.onset.reason}")
     console.print(line)
     latest = run.steps[-1]
@@ -159,7 +211,7 @@ def print_run(console: Console, run: RunReport) -> None:
 def print_comparison(console: Console, comparison: Comparison) -> None:
     table = Table(title="collapsecheck compare", title_justify="left", show_edge=False)
     for column in ("metric", "A", "B", "B - A", "95% interval of B - A"):
-        table.add_column(column, justify="left" if column == "metric" else "right")
+        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
     for key, delta in comparison.deltas.items():
         table.add_row(
             key,
@@ -180,6 +232,7 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
         else ("unpaired approximation from the reports' intervals (no dumps to pair)")
     )
     console.print(f"intervals: {method}", style="dim")
+    print_warnings(console, comparison.warnings)
     console.print(
         Text(comparison.reason, style=COLLAPSE_STYLE if comparison.lost else "bold green")
     )

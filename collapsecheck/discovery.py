@@ -66,3 +66,11 @@ def find_checkpoints(
         f"{path}: neither a checkpoint nor a run directory of checkpoints: "
         + describe_directory(path)
     )
+
+
+def require_run(path: Path, base_model: Path | None = None) -> list[RunCheckpoint]:
+    """The checkpoints of a run directory, or an error when `path` is not one."""
+    single, run = find_checkpoints(path, base_model)
+    if single is not None:
+        raise CollapsecheckError(f"{path}: a single checkpoint, not a run directory")
+    return run

@@ -18,6 +18,16 @@ from collapsecheck.errors import CollapsecheckError
 LOCK_FILE = ".collapsecheck.lock"
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Files are created as the user's umask says (a teammate may read them), not mkstemp's 0600.
+FILE_MODE = 0o666 & ~_current_umask()
+
+
 @contextmanager
 def locked(directory: Path) -> Iterator[None]:
     """Hold the directory for one writer: a second scan writing there gets a clear error."""
@@ -43,6 +53,7 @@ def write_atomic(path: Path, mode: str, write: Callable[[IO[Any]], None]) -> Pat
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
+            os.fchmod(handle, FILE_MODE)
             with os.fdopen(handle, mode) as stream:
                 write(stream)
             os.replace(temporary, path)
@@ -61,3 +72,32 @@ def write_text_atomic(path: Path, text: str) -> Path:
 def write_jsonl_atomic(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     return write_text_atomic(path, text)
+
+
+def _probe(directory: Path, what: str) -> None:
+    """Create `directory` (and its parents) and a file in it, then remove the file."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=directory, prefix=".collapsecheck-probe.")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        raise CollapsecheckError(f"{what}: cannot write there ({err.strerror or err})") from None
+
+
+def check_output_file(path: Path | None, option: str) -> None:
+    """Refuse an output file that cannot be written, before any work is done for it."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise CollapsecheckError(f"{option} {path}: is a directory, not a file")
+    _probe(path.parent, f"{option} {path}")
+
+
+def check_output_dir(path: Path | None, option: str) -> None:
+    """Refuse an output directory that is a file or cannot be written, before any work."""
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise CollapsecheckError(f"{option} {path}: is a file, not a directory")
+    _probe(path, f"{option} {path}")

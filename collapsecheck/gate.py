@@ -12,11 +12,12 @@ from pathlib import Path
 from collapsecheck.config import GateConfig
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
+from collapsecheck.formatting import format_number
 from collapsecheck.metrics import Estimate
-from collapsecheck.report import KEY_METRICS, Report, format_number
+from collapsecheck.report import KEY_METRICS, Report
 from collapsecheck.run_report import RunReport
 
-RUN_KEYS = ("normalized_mi", "retrieval_skill", "conditional_entropy_seq_est")
+RUN_KEYS = ("normalized_mi", "retrieval_skill", "conditional_entropy_est")
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _cell(report: Report, key: str) -> str:
 def markdown_run(run: RunReport) -> list[str]:
     """The run's table and onset, in Markdown."""
     lines = [
-        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/trace | regime |",
+        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/token | regime |",
         "|---|---|---|---|---|",
     ]
     for step in run.steps:

@@ -10,6 +10,8 @@ from collapsecheck.metrics import MetricValue, interval_bounds, point_value
 from collapsecheck.verdict import COLLAPSES
 
 ONSET_METRIC = "normalized_mi"
+# How each rule reads in a table or a plot: a significant drop can still be grounded.
+KINDS = {"collapse": "collapsed", "mi_drop": "decline begins"}
 
 
 @dataclass(frozen=True)
@@ -18,8 +20,12 @@ class Onset:
     rule: str  # "collapse" or "mi_drop"
     reason: str
 
+    @property
+    def kind(self) -> str:
+        return KINDS[self.rule]
+
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return {**asdict(self), "kind": self.kind}
 
 
 def collapse_onset(regimes: Sequence[str]) -> int | None:

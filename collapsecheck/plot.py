@@ -93,16 +93,17 @@ def _along_steps(ax, run: RunReport) -> None:
     if len(x) <= 12:
         ax.set_xticks(x, [s.checkpoint.label for s in run.steps])
 
-    values, low, high = _series(run, "conditional_entropy_seq_est")
+    values, low, high = _series(run, "conditional_entropy_est")
     entropy_ax.fill_between(x, low, high, color="#2e7d32", alpha=0.15, lw=0)
     entropy_ax.plot(x, values, "s--", color="#2e7d32", ms=4, label="H(Z|X) (right axis)")
-    entropy_ax.set_ylabel("conditional entropy H(Z|X), nats/trace")
+    entropy_ax.set_ylabel("conditional entropy H(Z|X), nats/token")
     entropy_ax.set_ylim(bottom=0)
 
     if run.onset is not None:
         onset_x = x[run.onset.index]
         ax.axvline(onset_x, color="black", lw=1.2, ls="--")
-        ax.annotate(" onset", (onset_x, 1.03), ha="left", va="top", fontsize=9, fontweight="bold")
+        label = f" onset: {run.onset.kind}"
+        ax.annotate(label, (onset_x, 1.03), ha="left", va="top", fontsize=9, fontweight="bold")
     _legend(ax, entropy_ax, regimes)
     ax.set_title("Along the run (bands: verdict at each checkpoint)", fontsize=10)
 
@@ -110,7 +111,7 @@ def _along_steps(ax, run: RunReport) -> None:
 def _quadrants(ax, run: RunReport) -> None:
     thresholds = run.steps[0].report.thresholds
     mi, mi_low, mi_high = _series(run, "normalized_mi")
-    entropy, entropy_low, entropy_high = _series(run, "conditional_entropy_seq_est")
+    entropy, entropy_low, entropy_high = _series(run, "conditional_entropy_est")
     top = max(float(entropy_high.max()) * 1.15, thresholds.entropy_low * 3)
     ax.axvspan(thresholds.dependence_high, 1.05, color=REGIME_COLOURS[GROUNDED], lw=0)
     ax.axvspan(-0.05, thresholds.dependence_high, ymin=0, ymax=1, color="#fbe9e7", lw=0)
@@ -151,7 +152,7 @@ def _quadrants(ax, run: RunReport) -> None:
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(0, top)
     ax.set_xlabel("input dependence: normalized MI")
-    ax.set_ylabel("within-input diversity: H(Z|X), nats/trace")
+    ax.set_ylabel("within-input diversity: H(Z|X), nats/token")
     ax.set_title("Regimes: the run's path, early (purple) to late (yellow)", fontsize=10)
 
 

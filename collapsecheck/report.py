@@ -21,19 +21,13 @@ KEY_METRICS = (
     "retrieval_accuracy",
     "mi_seq_estimate",
     "mi_estimate",
+    "conditional_entropy_est",
     "conditional_entropy_seq_est",
     "effective_traces_per_prompt",
     "distinct_reasoning_rate",
     "valid_reasoning_rate",
     "truncated_rate",
 )
-
-
-def format_number(x: float) -> str:
-    """A metric value for people: 3 decimals, or thousands separators for large counts."""
-    if math.isnan(x):
-        return "-"
-    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3f}"
 
 
 def _json_number(x: float) -> float | None:
@@ -67,6 +61,8 @@ class Report:
     counts: dict[str, int | float]
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
+    # what a reader of the numbers must know (sampling other than the policy's own, say)
+    warnings: list[str] = field(default_factory=list)
     # where the scan's dump lives (set by a scan with a dump and by `load`; not serialized)
     dump_dir: Path | None = field(default=None, compare=False)
 
@@ -83,6 +79,7 @@ class Report:
             "counts": self.counts,
             "settings": self.settings,
             "examples": self.examples,
+            "warnings": self.warnings,
             "timing": self.timing,
         }
 
@@ -119,6 +116,7 @@ class Report:
             counts=data.get("counts", {}),
             examples=data.get("examples", []),
             timing=data.get("timing", {}),
+            warnings=data.get("warnings", []),
         )
 
     @classmethod

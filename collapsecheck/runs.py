@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from collapsecheck.cache import scan_key
-from collapsecheck.checkpoint import Checkpoint
-from collapsecheck.discovery import RunCheckpoint
+from collapsecheck.cache import default_cache_root, scan_key
+from collapsecheck.checkpoint import Checkpoint, require_checkpoint
+from collapsecheck.discovery import RunCheckpoint, require_run
 from collapsecheck.dump import REPORT_FILE
 from collapsecheck.metrics import apply_run_ema
 from collapsecheck.onset import ONSET_METRIC, Onset, detect_onset
@@ -22,21 +22,25 @@ from collapsecheck.verdict import Thresholds, decide
 
 
 def cached_scan(
-    checkpoint: Checkpoint,
-    prompts: Path,
+    checkpoint: str | Path | Checkpoint,
+    prompts: str | Path,
     settings: Settings | None = None,
     *,
-    cache_root: Path,
+    cache_root: str | Path | None = None,
     rescan: bool = False,
     thresholds: Thresholds | None = None,
     progress: ProgressHook = silent,
     **flags: Any,
 ) -> Report:
-    """`scan` through the results cache: a finished scan with the same key is loaded, not
-    redone. The key holds only the settings that change the numbers (thresholds excluded:
-    the verdict is decided again from the cached metrics)."""
+    """`scan` through the results cache (`cache_root`, else the default cache): a finished
+    scan with the same key is loaded, not redone. The key holds only the settings that change
+    the numbers (thresholds excluded: the verdict is decided again from cached metrics)."""
     settings = resolve_settings(settings, flags)
-    entry = cache_root / scan_key(checkpoint, prompts, settings.numbers())
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = require_checkpoint(checkpoint, settings.load.base_model)
+    prompts = Path(prompts)
+    root = Path(cache_root) if cache_root is not None else default_cache_root()
+    entry = root / scan_key(checkpoint, prompts, settings.numbers())
     saved = entry / REPORT_FILE
     if saved.is_file() and not rescan:
         report = Report.load(saved)
@@ -56,6 +60,11 @@ def cached_scan(
     )
 
 
+def for_step(progress: ProgressHook, label: str) -> ProgressHook:
+    """The progress hook of one checkpoint: its stages name the step ("sampling, step 200")."""
+    return lambda stage, total: progress(f"{stage}, step {label}", total)
+
+
 def run_onset(steps: Sequence[RunStep]) -> Onset | None:
     return detect_onset(
         [s.checkpoint.label for s in steps],
@@ -65,19 +74,24 @@ def run_onset(steps: Sequence[RunStep]) -> Onset | None:
 
 
 def scan_run(
-    run_dir: Path,
-    checkpoints: Sequence[RunCheckpoint],
-    prompts: Path,
+    run_dir: str | Path,
+    prompts: str | Path,
     settings: Settings | None = None,
     *,
-    cache_root: Path,
+    checkpoints: Sequence[RunCheckpoint] | None = None,
+    cache_root: str | Path | None = None,
     rescan: bool = False,
     thresholds: Thresholds | None = None,
     progress: ProgressHook = silent,
     **flags: Any,
 ) -> RunReport:
-    """Scan each checkpoint of a run with the same prompts and seed, in step order."""
+    """Scan each checkpoint of a run directory with the same prompts and seed, in step order,
+    through the results cache (`cache_root`, else the default cache). `checkpoints`: those
+    `discovery.find_checkpoints` found, when the caller already has them."""
     settings = resolve_settings(settings, flags)
+    run_dir = Path(run_dir)
+    if checkpoints is None:
+        checkpoints = require_run(run_dir, settings.load.base_model)
     advance = progress("run", len(checkpoints))
     steps = []
     for checkpoint in checkpoints:
@@ -88,7 +102,7 @@ def scan_run(
             cache_root=cache_root,
             rescan=rescan,
             thresholds=thresholds,
-            progress=progress,
+            progress=for_step(progress, checkpoint.label),
         )
         steps.append(RunStep(checkpoint, report))
         advance(1)

@@ -39,7 +39,7 @@ from collapsecheck.files import locked
 from collapsecheck.metrics import compute_metrics, count_per_prompt
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.prompts import Prompt, RenderedPrompt, file_sha256, load_prompts, render_prompt
-from collapsecheck.reasoning import ReasoningSpec, Trace, extract_traces
+from collapsecheck.reasoning import Trace, extract_traces
 from collapsecheck.report import Report
 from collapsecheck.rollouts import RolloutOptions, read_rollouts
 from collapsecheck.settings import (
@@ -165,6 +165,17 @@ def render_all(
     ]
 
 
+def sampling_warnings(params: SamplingParams) -> tuple[str, ...]:
+    """Sampling other than the policy's own distribution skews what the scorer reads."""
+    if params.temperature == 1 and params.top_p == 1:
+        return ()
+    return (
+        f"sampled at temperature {params.temperature:g} and top-p {params.top_p:g}, not the "
+        "policy's own distribution (temperature 1, top-p 1), while the scorer reads the policy "
+        "at temperature 1: entropy and MI describe these skewed traces, not the policy",
+    )
+
+
 def read_prompt_set(path: Path, settings: Settings) -> list[Prompt]:
     """The prompts of a scan (the first --num-prompts), at least two."""
     prompts = load_prompts(
@@ -211,21 +222,35 @@ def sample(
 # -- from traces to the report -----------------------------------------------------------
 
 
+def no_reasoning_hint(prepared: Prepared, tokenizer: Any, rendering: PromptSettings) -> str:
+    """What to try when no response has a reasoning segment: the prompt rendering first, when
+    plain-text prompts went to a chat model verbatim, else another segment."""
+    plain = not any(p.is_chat for p in prepared.prompts)
+    if plain and not rendering.as_chat and getattr(tokenizer, "chat_template", None):
+        return (
+            "the prompts are plain text given to the model verbatim, but the checkpoint has a "
+            "chat template: pass --as-chat (and --system-prompt TEXT if the policy was trained "
+            "with one) so they are rendered as in training"
+        )
+    return (
+        "pick another segment with --reasoning-tags OPEN,CLOSE, --reasoning-regex or "
+        "--whole-response"
+    )
+
+
 def score_traces(
     backend: Backend,
     prepared: Prepared,
     traces: Sequence[Trace],
-    spec: ReasoningSpec,
-    negatives: int | None,
-    seed: int,
+    settings: Settings,
     progress: ProgressHook,
 ) -> CrossScores:
     """SPEC "The cross log-probability matrix" of the valid traces."""
+    spec, negatives = settings.scoring.reasoning, settings.scoring.negatives
     if not any(t.valid for t in traces):
+        hint = no_reasoning_hint(prepared, backend.tokenizer, settings.prompts)
         raise CollapsecheckError(
-            f"no response had a reasoning segment {spec.describe()} (0 of {len(traces)}); "
-            "pick another segment with --reasoning-tags OPEN,CLOSE, --reasoning-regex or "
-            "--whole-response"
+            f"no response had a reasoning segment {spec.describe()} (0 of {len(traces)}); " + hint
         )
     total = request_count(traces, prepared.ids, negatives)
     return cross_score(
@@ -234,7 +259,7 @@ def score_traces(
         prepared.ids,
         progress("scoring", total),
         negatives=negatives,
-        seed=seed,
+        seed=settings.analysis.seed,
     )
 
 
@@ -301,6 +326,7 @@ class Diagnosis:
     timing: dict[str, Any]
     dump_dir: Path | None
     progress: ProgressHook
+    warnings: tuple[str, ...] = ()
 
 
 def report_settings(
@@ -340,10 +366,7 @@ def diagnose(
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
     started = time.perf_counter()
-    scores = score_traces(
-        backend, prepared, traces, spec, settings.scoring.negatives,
-        settings.analysis.seed, diagnosis.progress,
-    )  # fmt: skip
+    scores = score_traces(backend, prepared, traces, settings, diagnosis.progress)
     scoring_s = round(time.perf_counter() - started, 3)
     if dump_dir is not None:
         write_matrix(dump_dir, scores)
@@ -358,6 +381,7 @@ def diagnose(
         counts=trace_counts(prepared, traces, scores),
         examples=example_traces(traces, prepared),
         timing={**diagnosis.timing, "scoring_s": scoring_s},
+        warnings=list(diagnosis.warnings),
     )
     if dump_dir is not None:
         report.save(dump_dir / REPORT_FILE)
@@ -442,8 +466,9 @@ def scan(
                 "sampling_s": _elapsed(loaded),
             }
             diagnosis = Diagnosis(
-                settings, thresholds or Thresholds(), recorded, timing, dump_dir, progress
-            )
+                settings, thresholds or Thresholds(), recorded, timing, dump_dir, progress,
+                sampling_warnings(params),
+            )  # fmt: skip
             return diagnose(model, prepared, samples, diagnosis)
 
 

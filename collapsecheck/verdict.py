@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from collapsecheck.formatting import format_count
 from collapsecheck.metrics import MetricValue, interval_bounds, point_value
 
 GROUNDED = "grounded"
@@ -18,7 +19,10 @@ REGIMES = (GROUNDED, TEMPLATE_COLLAPSE, LOW_ENTROPY_COLLAPSE, INCONCLUSIVE)
 COLLAPSES = (TEMPLATE_COLLAPSE, LOW_ENTROPY_COLLAPSE)
 
 DEPENDENCE_KEYS = ("retrieval_skill", "normalized_mi")
-ENTROPY_KEY = "conditional_entropy_seq_est"
+ENTROPY_KEY = "conditional_entropy_est"  # H(Z|X) per token (SPEC "The verdict")
+# Matched below the marginal by more than this share of log N, beyond noise: the traces are
+# unlikely under this checkpoint and these contexts, which says nothing about collapse.
+MISMATCH_NMI = 0.05
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class Thresholds:
 
     dependence_high: float = 0.7
     dependence_collapsed: float = 0.3
-    entropy_low: float = 1.0
+    entropy_low: float = 0.05
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dependence_collapsed <= self.dependence_high <= 1.0:
@@ -80,8 +84,10 @@ def _diversity_phrase(metrics: Mapping[str, MetricValue], low: bool, grounded: b
         meaning = "compressed, near-deterministic reasoning" if grounded else "it barely varies"
     else:
         meaning = "diverse reasoning" if grounded else "it still looks varied"
-    count = f"{effective:,.0f}" if effective >= 100 else f"{effective:.1f}"
-    return f"entropy {entropy:.1f} nats/trace ({count} effective traces per prompt): {meaning}"
+    return (
+        f"entropy {entropy:.3f} nats/token ({format_count(effective)} effective traces per "
+        f"prompt): {meaning}"
+    )
 
 
 def _straddle_phrase(name: str, metric: MetricValue, threshold: float) -> str:
@@ -89,9 +95,35 @@ def _straddle_phrase(name: str, metric: MetricValue, threshold: float) -> str:
     return f"{name} interval [{low:.2f}, {high:.2f}] straddles {threshold:g}"
 
 
+def mismatch_reason(metrics: Mapping[str, MetricValue]) -> str | None:
+    """Why the traces do not fit this checkpoint and these contexts, if they do not.
+
+    Traces sampled by the policy under their own prompts have matched >= marginal in
+    expectation (MI >= 0). Matched far below marginal, beyond noise, means they were not:
+    rollouts from another checkpoint, or contexts other than the ones they were sampled under.
+    """
+    log_n = point_value(metrics["mi_upper_bound"])
+    mi = metrics["mi_seq_estimate"]
+    high = interval_bounds(mi)[1]
+    if log_n <= 0 or high / log_n >= -MISMATCH_NMI:
+        return None
+    return (
+        f"the reasoning is less likely under its own prompt than under the others "
+        f"(MI {point_value(mi):.2f} nats/trace, interval up to {high:.2f}): the traces are "
+        "unlikely under this checkpoint and these contexts (rollouts from another checkpoint, "
+        "or contexts that differ from the ones they were sampled under), so this is no verdict "
+        "on collapse; score them under the checkpoint and contexts that produced them"
+    )
+
+
 def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = None) -> Verdict:
-    """Regime from input dependence (retrieval skill, normalized MI) and diversity (H(Z|X))."""
+    """Regime from input dependence (retrieval skill, normalized MI) and diversity (H(Z|X)
+    per token); inconclusive where an interval straddles a threshold or the traces do not fit
+    the checkpoint (`mismatch_reason`)."""
     t = thresholds or Thresholds()
+    mismatch = mismatch_reason(metrics)
+    if mismatch is not None:
+        return Verdict(regime=INCONCLUSIVE, style=None, partial=False, reason=mismatch)
     dependence = [point_value(metrics[k]) for k in DEPENDENCE_KEYS]
     level = _dependence_level(dependence, t)
     entropy = metrics[ENTROPY_KEY]

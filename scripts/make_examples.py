@@ -5,19 +5,27 @@ prompts and a demo scan's dump:
   of chat messages, `data_source`, `reward_model`, `extra_info`)
 - examples/prompts/gridworld.txt: plain text, one prompt a line
 - examples/rollouts/gridworld.jsonl: single-turn rollouts (uid, prompt, response)
-- examples/rollouts/gridworld-multiturn.jsonl: multi-turn trajectories (`turns`)
+- examples/rollouts/gridworld-multiturn.jsonl: multi-turn trajectories (`turns`), sampled turn
+  by turn from the healthy demo policy in the gridworld: each move changes the agent's cell,
+  and each turn's context is the environment's current observation (a history window of 0
+  turns: the demo policy was trained on single observations, and a history it never saw
+  would make its later turns noise).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from collapsecheck import scan
-from collapsecheck.prompts import load_prompts
+from collapsecheck.backends.base import SamplingParams, no_progress
+from collapsecheck.backends.hf import TransformersBackend
+from collapsecheck.prompts import Prompt, load_prompts, render_prompt
+from collapsecheck.settings import LoadSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -32,27 +40,44 @@ def rollout_rows(prompts: list, traces: list[dict]) -> list[dict]:
     ]
 
 
-def trajectories(prompts: list, traces: list[dict]) -> list[dict]:
-    """Two-turn trajectories: the second turn's context holds the first exchange."""
-    first = {t["prompt_index"]: t for t in traces if t["sample_index"] == 0}
-    second = {t["prompt_index"]: t for t in traces if t["sample_index"] == 1}
+GRID = 6
+MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+STATE = re.compile(r"agent (\d),(\d) goal (\d),(\d)")
+ANSWER = re.compile(r"<answer>(\w+)</answer>")
+TURNS = 3
+
+
+def step(state: str, response: str) -> str | None:
+    """The gridworld's next state after the response's move, None when the episode ends
+    (goal reached, or no valid move)."""
+    ar, ac, gr, gc = map(int, STATE.fullmatch(state).groups())
+    answer = ANSWER.search(response)
+    if answer is None or answer.group(1) not in MOVES:
+        return None
+    dr, dc = MOVES[answer.group(1)]
+    ar, ac = min(max(ar + dr, 0), GRID - 1), min(max(ac + dc, 0), GRID - 1)
+    return None if (ar, ac) == (gr, gc) else f"agent {ar},{ac} goal {gr},{gc}"
+
+
+def trajectories(prompts: list, count: int) -> list[dict]:
+    """Episodes of up to TURNS turns, every response sampled by the policy under exactly the
+    context stored with it: the system prompt and the current state."""
+    backend = TransformersBackend.from_checkpoint(CHECKPOINT, LoadSettings(device="cpu"))
     rows = []
-    for index in sorted(first):
-        messages = prompts[index]
-        follow_up = [
-            *messages,
-            {"role": "assistant", "content": first[index]["response"]},
-            {"role": "user", "content": messages[-1]["content"]},
-        ]
-        rows.append(
-            {
-                "trajectory_id": index,
-                "turns": [
-                    {"messages": messages, "response": first[index]["response"]},
-                    {"messages": follow_up, "response": second[index]["response"]},
-                ],
-            }
-        )
+    for episode, start in enumerate(prompts[:count]):
+        system, state, turns = start[0], start[-1]["content"], []
+        for turn in range(TURNS):
+            messages = [system, {"role": "user", "content": state}]
+            ids = render_prompt(Prompt(messages, "episode"), backend.tokenizer).ids
+            params = SamplingParams(k=1, max_new_tokens=64, seed=1000 * episode + turn)
+            sample = backend.generate([ids], params, no_progress)[0][0]
+            response = backend.decode(sample.ids)
+            turns.append({"messages": messages, "response": response})
+            state = step(state, response)
+            if state is None:
+                break
+        rows.append({"trajectory_id": episode, "turns": turns})
+    backend.close()
     return rows
 
 
@@ -79,7 +104,7 @@ def main() -> None:
         scan(CHECKPOINT, PROMPTS, k=4, num_prompts=16, max_new_tokens=64, device="cpu", dump=dump)
         traces = [json.loads(line) for line in (Path(dump) / "traces.jsonl").open()]
     write_jsonl(EXAMPLES / "rollouts" / "gridworld.jsonl", rollout_rows(prompts, traces))
-    write_jsonl(EXAMPLES / "rollouts" / "gridworld-multiturn.jsonl", trajectories(prompts, traces))
+    write_jsonl(EXAMPLES / "rollouts" / "gridworld-multiturn.jsonl", trajectories(prompts, 16))
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ RUN = [
     ("demo-run/global_step_500", 1.0, "diverse", 300),
 ]
 SIDE = [
-    ("checkpoints/grounded-compressed", 0.0, "compressed", 500),
+    ("checkpoints/grounded-compressed", 0.0, "compressed", 1500),
     ("checkpoints/low-entropy-collapse", 1.0, "echo", 1000),
 ]
 

@@ -44,7 +44,7 @@ def test_run_scan_writes_run_json_and_answers_from_cache(tmp_path):
 def test_gate_on_a_run_uses_its_latest_checkpoint(tmp_path):
     result = invoke("scan", RUN, *FAST, "--out", tmp_path, "--junit", tmp_path / "gate.xml")
     assert result.exit_code == 1
-    assert "failed: regime: verdict template_collapse is in --fail-on" in result.output
+    assert "gate failed (rule: regime): verdict template_collapse is in --fail-on" in result.output
     suite = ET.parse(tmp_path / "gate.xml").getroot().find("testsuite")
     assert (suite.get("tests"), suite.get("failures")) == ("1", "1")
     assert suite.find("testcase").find("failure") is not None
@@ -56,8 +56,8 @@ def test_minimum_rules_and_junit(tmp_path):
         "--junit", tmp_path / "gate.xml", "--markdown", tmp_path / "summary.md",
     )  # fmt: skip
     assert result.exit_code == 1
-    assert "failed: min retrieval_skill" in result.output
-    assert "min normalized_mi" not in result.output.split("failed:", 1)[1]
+    assert "gate failed (rule: min retrieval_skill)" in result.output
+    assert "min normalized_mi" not in result.output.split("gate failed", 1)[1]
     suite = ET.parse(tmp_path / "gate.xml").getroot().find("testsuite")
     cases = {c.get("name"): c.find("failure") is None for c in suite.iter("testcase")}
     assert cases == {"regime": True, "min normalized_mi": True, "min retrieval_skill": False}
@@ -78,7 +78,7 @@ def test_config_file_thresholds_apply(tmp_path, monkeypatch):
     )
     result = invoke("scan", HEALTHY, *FAST, "--fail-on", "inconclusive,template_collapse")
     assert result.exit_code == 1
-    assert "failed: min distinct_reasoning_rate" in result.output
+    assert "gate failed (rule: min distinct_reasoning_rate)" in result.output
 
 
 @pytest.mark.parametrize(

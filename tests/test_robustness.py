@@ -68,7 +68,7 @@ def test_one_sample_per_prompt_still_reports(tmp_path):
     assert report.value("conditional_entropy_seq_est") > 0
 
 
-def test_identical_reasoning_everywhere_is_low_entropy_collapse(tmp_path):
+def test_identical_reasoning_from_elsewhere_is_a_mismatch_at_chance(tmp_path):
     rows = [
         {"uid": i, "prompt": f"agent {i},0 goal 0,{i}", "response": "<think>i go up</think>up"}
         for i in range(1, 6)
@@ -81,8 +81,11 @@ def test_identical_reasoning_everywhere_is_low_entropy_collapse(tmp_path):
         report.value("retrieval_chance_level")
     )
     assert report.value("distinct_reasoning_rate") == pytest.approx(1 / 3)
-    assert report.verdict.regime in ("low_entropy_collapse", "template_collapse")
     assert report.value("normalized_mi") < 0.05
+    # the healthy policy never writes "i go up" for these states, and one reasoning scored
+    # under many prompts sits below their mixture (Jensen): these are not its traces
+    assert report.verdict.regime == "inconclusive"
+    assert "unlikely under this checkpoint" in report.verdict.reason
 
 
 def test_scoring_interrupted_resumes_from_the_saved_samples(tmp_path):

@@ -101,7 +101,7 @@ def test_turn_sampling_draws_distinct_pairs_reproducibly(sampling):
     again = score(HEALTHY, path, rollout_options=options, **SCORE)
     assert first.metrics == again.metrics
     assert first.settings["multi_turn"] == {"turn_sampling": sampling, "pairs": 10,
-                                            "available": 32}  # fmt: skip
+                                            "available": 45}  # fmt: skip
     assert first.counts["prompts"] == 10 and first.counts["responses"] == 10
 
 
@@ -124,3 +124,23 @@ def test_score_command_on_the_example_rollouts(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["counts"]["responses"] == 64
     assert report["settings"]["rollouts"].endswith("gridworld.jsonl")
+
+
+def test_the_multi_turn_example_is_grounded_on_the_policy_that_sampled_it():
+    """Sampled turn by turn from the healthy policy in an environment whose state follows the
+    moves (scripts/make_examples.py): grounded, with matched above marginal."""
+    report = score(HEALTHY, EXAMPLES / "rollouts" / "gridworld-multiturn.jsonl", **SCORE)
+    assert report.verdict.regime == "grounded", report.verdict.reason
+    assert report.metrics["mi_seq_estimate"].low > 0
+
+
+def test_traces_under_other_contexts_are_called_a_mismatch_not_a_collapse(scanned, tmp_path):
+    """Each response paired with the next prompt's context: matched falls far below the
+    marginal, which says the traces do not belong to these contexts, not that they collapsed."""
+    _, _, traces, prompts = scanned
+    shifted = [{**row, "prompt": prompts[(int(row["uid"][1:]) + 1) % len(prompts)]}
+               for row in rollout_rows(prompts, traces)]  # fmt: skip
+    report = score(HEALTHY, write_jsonl(tmp_path / "shifted.jsonl", shifted), **SCORE)
+    assert report.value("mi_seq_estimate") < 0
+    assert report.verdict.regime == "inconclusive"
+    assert "unlikely under this checkpoint and these contexts" in report.verdict.reason

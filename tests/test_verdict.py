@@ -5,16 +5,23 @@ import pytest
 from collapsecheck.metrics import Estimate
 from collapsecheck.verdict import Thresholds, decide
 
+LOG_N = 2.772588722239781  # 16 prompts
+TOKENS = 20  # reasoning tokens per trace
+
 
 def metrics(skill, nmi, entropy, width=0.0):
+    """Hand-made metrics; `entropy` is H(Z|X) per token."""
+
     def est(v):
         return Estimate(v, v - width, v + width)
 
     return {
         "retrieval_skill": est(skill),
         "normalized_mi": est(nmi),
-        "conditional_entropy_seq_est": est(entropy),
-        "effective_traces_per_prompt": est(2.718281828**entropy),
+        "mi_seq_estimate": est(nmi * LOG_N),
+        "mi_upper_bound": LOG_N,
+        "conditional_entropy_est": est(entropy),
+        "effective_traces_per_prompt": est(2.718281828 ** (entropy * TOKENS)),
         "retrieval_accuracy": est(skill),
         "retrieval_chance_level": 0.1,
     }
@@ -23,13 +30,13 @@ def metrics(skill, nmi, entropy, width=0.0):
 @pytest.mark.parametrize(
     ("skill", "nmi", "entropy", "regime", "style", "partial"),
     [
-        (0.95, 0.9, 3.0, "grounded", "diverse", False),
-        (0.95, 0.9, 0.2, "grounded", "compressed", False),
-        (0.05, 0.02, 9.0, "template_collapse", None, False),
-        (0.05, 0.02, 0.1, "low_entropy_collapse", None, False),
-        (0.5, 0.45, 6.0, "template_collapse", None, True),
-        (0.9, 0.5, 6.0, "template_collapse", None, True),
-        (0.5, 0.45, 0.3, "low_entropy_collapse", None, True),
+        (0.95, 0.9, 0.3, "grounded", "diverse", False),
+        (0.95, 0.9, 0.02, "grounded", "compressed", False),
+        (0.05, 0.02, 0.9, "template_collapse", None, False),
+        (0.05, 0.02, 0.01, "low_entropy_collapse", None, False),
+        (0.5, 0.45, 0.6, "template_collapse", None, True),
+        (0.9, 0.5, 0.6, "template_collapse", None, True),
+        (0.5, 0.45, 0.03, "low_entropy_collapse", None, True),
     ],
 )
 def test_regimes(skill, nmi, entropy, regime, style, partial):
@@ -38,30 +45,31 @@ def test_regimes(skill, nmi, entropy, regime, style, partial):
 
 
 def test_thresholds_are_inclusive_as_specified():
-    assert decide(metrics(0.7, 0.7, 2.0)).regime == "grounded"
-    collapsed = decide(metrics(0.3, 0.3, 2.0))
+    assert decide(metrics(0.7, 0.7, 0.2)).regime == "grounded"
+    assert decide(metrics(0.9, 0.9, 0.05)).style == "diverse"  # low is strictly below 0.05
+    collapsed = decide(metrics(0.3, 0.3, 0.2))
     assert (collapsed.regime, collapsed.partial) == ("template_collapse", False)
 
 
 def test_interval_straddling_the_high_threshold_is_inconclusive():
-    verdict = decide(metrics(0.75, 0.8, 3.0, width=0.1))
+    verdict = decide(metrics(0.75, 0.8, 0.3, width=0.1))
     assert verdict.regime == "inconclusive"
     assert "raise the number of prompts" in verdict.reason
     assert "retrieval_skill interval [0.65, 0.85] straddles 0.7" in verdict.reason
 
 
 def test_entropy_straddle_flips_collapse_kind_so_inconclusive():
-    assert decide(metrics(0.05, 0.05, 1.0, width=0.2)).regime == "inconclusive"
+    assert decide(metrics(0.05, 0.05, 0.05, width=0.02)).regime == "inconclusive"
     # for a grounded policy it only changes the style, not the regime
-    grounded = decide(metrics(0.95, 0.95, 1.0, width=0.2))
+    grounded = decide(metrics(0.95, 0.95, 0.05, width=0.02))
     assert (grounded.regime, grounded.style) == ("grounded", "diverse")
 
 
 def test_reason_names_the_numbers():
-    reason = decide(metrics(0.12, 0.03, 14.2)).reason
+    reason = decide(metrics(0.12, 0.03, 1.42)).reason
     assert "retrieval 0.12 vs chance 0.10, normalized MI 0.03" in reason
     assert "does not depend on the input" in reason
-    assert "entropy 14.2 nats/trace" in reason
+    assert "entropy 1.420 nats/token (2.16e+12 effective traces per prompt)" in reason
 
 
 def test_custom_thresholds():
@@ -69,3 +77,12 @@ def test_custom_thresholds():
     assert decide(metrics(0.5, 0.45, 0.8), loose).regime == "grounded"
     with pytest.raises(ValueError):
         Thresholds(dependence_high=0.2, dependence_collapsed=0.5)
+
+
+def test_matched_far_below_marginal_is_a_mismatch_not_a_collapse():
+    mismatch = decide(metrics(0.0, -0.3, 0.5, width=0.05))
+    assert mismatch.regime == "inconclusive"
+    assert "unlikely under this checkpoint and these contexts" in mismatch.reason
+    # a collapsed policy's own traces sit at MI about 0, within noise: still a collapse
+    assert decide(metrics(0.0, -0.01, 0.5, width=0.05)).regime == "template_collapse"
+    assert decide(metrics(0.0, -0.04, 0.5, width=0.0)).regime == "template_collapse"

@@ -1,0 +1,158 @@
+"""What a new user meets first: the README's Python examples run as written, outputs checked
+before any work, exit 1 only for a failed gate rule, readable numbers and messages."""
+
+import json
+import os
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from collapsecheck.cli import app
+from collapsecheck.formatting import format_number
+from tests.conftest import COLLAPSED, EXAMPLES, HEALTHY, PROMPTS, ROOT
+
+FAST = ["-p", str(PROMPTS), "-n", "6", "-k", "4", "--max-new-tokens", "48", "--device", "cpu",
+        "--bootstrap", "200"]  # fmt: skip
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def readme_python_blocks():
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    # the registry snippet shows a line to add, with a backend that does not exist
+    return [b for b in blocks if "BackendEntry(" not in b]
+
+
+def test_the_readme_python_examples_run_as_written(tmp_path, monkeypatch):
+    blocks = readme_python_blocks()
+    assert len(blocks) >= 2
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["report"].verdict.regime == "grounded"
+    assert namespace["run"].steps[-1].report.verdict.regime == "template_collapse"
+    assert (tmp_path / "out").is_dir()  # the run's cache, where the example said
+    assert namespace["metrics"]["retrieval_accuracy"].value == 1.0
+
+
+@pytest.mark.parametrize(
+    ("option", "path", "message"),
+    [
+        ("--json", "/proc/nope/r.json", "--json /proc/nope/r.json: cannot write there"),
+        ("--markdown", "/proc/nope/s.md", "--markdown /proc/nope/s.md: cannot write there"),
+        ("--junit", "/proc/nope/j.xml", "--junit /proc/nope/j.xml: cannot write there"),
+        ("--dump", "README.md", "--dump README.md: is a file, not a directory"),
+        ("--json", "examples", "--json examples: is a directory, not a file"),
+    ],
+)
+def test_an_unwritable_output_is_refused_before_the_model_loads(option, path, message):
+    # a checkpoint path that would fail at load: the output error must come first
+    result = runner.invoke(app, ["scan", str(HEALTHY), *FAST, option, path], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "sampling" not in result.output  # no work was done
+
+
+def test_plot_of_an_unwritable_path_is_refused_before_the_run(tmp_path):
+    result = invoke("scan", EXAMPLES / "demo-run", *FAST, "--plot", "/proc/nope/run.png")
+    assert result.exit_code == 2
+    assert "--plot /proc/nope/run.png: cannot write there" in result.output
+    assert "sampling" not in result.output
+
+
+def test_an_internal_error_is_never_exit_1(tmp_path, monkeypatch):
+    import sys
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(sys.modules["collapsecheck.scan"], "diagnose", broken)
+    result = invoke("scan", HEALTHY, *FAST)
+    assert result.exit_code == 3
+    assert "internal error: a bug (RuntimeError)" in result.output
+    assert "--debug" in result.output
+
+
+def test_numbers_a_person_can_read():
+    assert format_number(5.7e37) == "5.7e+37"
+    assert format_number(1_234_567) == "1.23e+06"
+    assert format_number(12_345) == "12,345"
+    assert format_number(0.12345) == "0.123"
+    assert format_number(float("nan")) == "-"
+
+
+def test_the_collapse_verdict_speaks_per_token_and_says_what_next():
+    result = invoke("scan", COLLAPSED, *FAST, "-k", "1", "--fail-on", "none")
+    assert result.exit_code == 0, result.output
+    assert "nats/token" in result.output
+    assert "6 prompts x 1 sample," in result.output
+    words = " ".join(result.output.split())
+    assert "next:" in words and "When the verdict is a collapse" in words
+    readme = (ROOT / "README.md").read_text()
+    assert "When the verdict is a collapse" in readme
+    assert not re.search(r"\d{1,3}(,\d{3}){2,}", result.output)  # no number past a million
+
+
+def test_sampling_other_than_the_policy_is_said(tmp_path):
+    result = invoke("scan", HEALTHY, *FAST, "--temperature", "0.7", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    assert "warning: sampled at temperature 0.7" in " ".join(result.output.split())
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["warnings"] and "temperature 0.7" in report["warnings"][0]
+    plain = invoke("scan", HEALTHY, *FAST, "--json", tmp_path / "plain.json")
+    assert json.loads((tmp_path / "plain.json").read_text())["warnings"] == []
+    assert "warning" not in plain.output
+
+
+def test_plain_text_prompts_hint_at_the_chat_template_and_work_with_it():
+    prompts = EXAMPLES / "prompts" / "gridworld.txt"
+    args = ["scan", HEALTHY, "-p", prompts, "-n", "6", "-k", "2", "--device", "cpu"]
+    bare = invoke(*args)
+    assert bare.exit_code == 2
+    assert "pass --as-chat (and --system-prompt TEXT" in " ".join(bare.output.split())
+    chat = invoke(*args, "--as-chat", "--system-prompt", "grid agent.")
+    assert chat.exit_code == 0, chat.output
+    assert "verdict: grounded" in chat.output
+
+
+def test_version_short_help_and_the_shipped_spec():
+    assert invoke("--version").output.startswith("collapsecheck ")
+    assert "Usage" in invoke("scan", "-h").output
+    spec = invoke("spec")
+    assert spec.exit_code == 0
+    assert "## The verdict" in spec.output and "conditional_entropy_est" in spec.output
+
+
+def test_reports_respect_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        import importlib
+
+        import collapsecheck.files
+
+        importlib.reload(collapsecheck.files)
+        collapsecheck.files.write_text_atomic(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(previous)
+        importlib.reload(collapsecheck.files)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_compare_refuses_reports_of_other_settings_unless_allowed(tmp_path):
+    for name, seed in (("a", "0"), ("b", "1")):
+        result = invoke("scan", HEALTHY, *FAST, "--seed", seed, "--dump", tmp_path / name)
+        assert result.exit_code == 0, result.output
+    refused = invoke("compare", tmp_path / "a", tmp_path / "b")
+    assert refused.exit_code == 2
+    assert "not comparable (seed: A 0, B 1)" in refused.output
+    allowed = invoke("compare", tmp_path / "a", tmp_path / "b", "--allow-mismatch")
+    assert allowed.exit_code in (0, 1), allowed.output
+    assert "warning: not comparable, compared anyway: seed" in " ".join(allowed.output.split())
+    assert "retrieval_accuracy" in allowed.output  # metric names are not cut

@@ -120,8 +120,15 @@ def _load_weights(checkpoint: Checkpoint, dtype: Any, settings: LoadSettings) ->
 
 
 def load_model(checkpoint: Checkpoint, device: str, dtype: Any, settings: LoadSettings) -> Any:
-    """The causal LM of a checkpoint, in eval mode on `device`."""
+    """The causal LM of a checkpoint, in eval mode on `device`, or spread over the visible GPUs
+    as `--device-map` says (accelerate places it; Hugging Face directories only)."""
     quiet_transformers()
+    if settings.device_map and checkpoint.kind != HUGGINGFACE:
+        raise CollapsecheckError(
+            f"{checkpoint.path}: --device-map loads Hugging Face directories; a {checkpoint.kind} "
+            "checkpoint is merged in memory on one device (merge it to a Hugging Face folder "
+            "first, for example with veRL's model merger)"
+        )
     try:
         model = _load_weights(checkpoint, dtype, settings)
     except CollapsecheckError:
@@ -136,4 +143,4 @@ def load_model(checkpoint: Checkpoint, device: str, dtype: Any, settings: LoadSe
         raise CollapsecheckError(
             f"{files}: could not load the model weights ({first_line(err)})"
         ) from None
-    return model.to(device).eval()
+    return model.eval() if settings.device_map else model.to(device).eval()

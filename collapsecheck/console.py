@@ -147,6 +147,13 @@ def print_report(console: Console, report: Report) -> None:
         + (" (answered from the results cache)" if report.timing.get("cached") else ""),
         style="dim",
     )
+    settings = report.settings
+    if "backend" in settings:
+        console.print(
+            f"engine: {settings['backend']} on {settings.get('device')}, "
+            f"{settings.get('dtype')}, scorer {settings.get('scorer')}",
+            style="dim",
+        )
     print_warnings(console, report.warnings)
     console.print(verdict_line(report))
     if report.verdict.is_collapse:

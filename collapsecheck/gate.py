@@ -97,7 +97,7 @@ def markdown_run(run: RunReport) -> list[str]:
         lines.append(
             f"| {step.checkpoint.label} | {' | '.join(cells)} | `{report.verdict.regime}` |"
         )
-    onset = f"step {run.onset_step}: {run.onset.reason}" if run.onset else "none"
+    onset = f"step {run.onset_step} ({run.onset.kind}): {run.onset.reason}" if run.onset else "none"
     return [*lines, "", f"**Onset:** {onset}", ""]
 
 

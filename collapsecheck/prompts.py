@@ -10,9 +10,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collapsecheck.errors import CollapsecheckError
+
+if TYPE_CHECKING:
+    from collapsecheck.settings import PromptSettings
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -163,12 +166,18 @@ def load_prompts(
 
 
 def render_prompt(
-    prompt: Prompt, tokenizer: Any, *, as_chat: bool = False, system_prompt: str | None = None
+    prompt: Prompt,
+    tokenizer: Any,
+    *,
+    as_chat: bool = False,
+    system_prompt: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> RenderedPrompt:
     """Render one prompt to text and token ids with the checkpoint's tokenizer.
 
     `as_chat` or a `system_prompt` turn a plain string into a user message; the system prompt
-    is added to chat prompts that do not begin with one of their own."""
+    is added to chat prompts that do not begin with one of their own. `template_kwargs` go to
+    the chat template as given (`enable_thinking`, say)."""
     content = prompt.content
     if isinstance(content, str) and (as_chat or system_prompt):
         content = [{"role": "user", "content": content}]
@@ -180,7 +189,9 @@ def render_prompt(
                 f"{prompt.origin}: the prompt is chat messages but the checkpoint's tokenizer "
                 "has no chat template; give plain-string prompts or a tokenizer with one"
             )
-        text = tokenizer.apply_chat_template(content, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            content, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+        )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
         text = content
@@ -188,3 +199,20 @@ def render_prompt(
     if not ids:
         raise CollapsecheckError(f"{prompt.origin}: the prompt renders to no tokens")
     return RenderedPrompt(text=text, ids=tuple(int(i) for i in ids))
+
+
+def render_prompts(
+    prompts: list[Prompt], tokenizer: Any, settings: PromptSettings
+) -> list[RenderedPrompt]:
+    """Render prompts as the `--as-chat`, `--system-prompt` and `--chat-template-kwargs`
+    settings say."""
+    return [
+        render_prompt(
+            prompt,
+            tokenizer,
+            as_chat=settings.as_chat,
+            system_prompt=settings.system_prompt,
+            template_kwargs=settings.chat_template_kwargs,
+        )
+        for prompt in prompts
+    ]

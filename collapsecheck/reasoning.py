@@ -79,7 +79,21 @@ class ReasoningSpan:
         return self.end - self.start
 
 
-def _character_span(text: str, spec: ReasoningSpec, truncated: bool) -> tuple[int, int] | None:
+def opens_reasoning(prompt_text: str, spec: ReasoningSpec) -> bool:
+    """SPEC: a rendered prompt that ends with the open tag (trailing whitespace aside), as the
+    chat templates of R1 distills and QwQ do, leaves the response inside the reasoning."""
+    return spec.mode == TAGS and prompt_text.rstrip().endswith(spec.open_tag)
+
+
+def closes_reasoning(prompt_text: str, spec: ReasoningSpec) -> bool:
+    """A rendered prompt that already closes the reasoning (Qwen3 with thinking off ends with
+    `<think>\n\n</think>\n\n`): the response has no reasoning to score."""
+    return spec.mode == TAGS and prompt_text.rstrip().endswith(spec.close_tag)
+
+
+def _character_span(
+    text: str, spec: ReasoningSpec, truncated: bool, opened: bool
+) -> tuple[int, int] | None:
     if spec.mode == WHOLE:
         return 0, len(text)
     if spec.mode == REGEX:
@@ -88,10 +102,13 @@ def _character_span(text: str, spec: ReasoningSpec, truncated: bool) -> tuple[in
             return None
         group = 1 if match.re.groups else 0
         return (match.start(group), match.end(group)) if match.start(group) >= 0 else None
-    opened = text.find(spec.open_tag)
-    if opened < 0:
-        return None
-    start = opened + len(spec.open_tag)
+    if opened:  # the prompt opened the reasoning: it starts with the response
+        start = 0
+    else:
+        found = text.find(spec.open_tag)
+        if found < 0:
+            return None
+        start = found + len(spec.open_tag)
     closed = text.find(spec.close_tag, start)
     if closed < 0:
         # SPEC: a trace cut by the length limit keeps what it produced up to the limit.
@@ -112,11 +129,17 @@ def _first_token_reaching(ids: Sequence[int], decode: Decode, chars: int) -> int
 
 
 def locate_reasoning(
-    ids: Sequence[int], decode: Decode, spec: ReasoningSpec, *, truncated: bool
+    ids: Sequence[int],
+    decode: Decode,
+    spec: ReasoningSpec,
+    *,
+    truncated: bool,
+    opened: bool = False,
 ) -> ReasoningSpan | None:
-    """Token span of Z in a response, or None when it has no (or an empty) reasoning segment."""
+    """Token span of Z in a response, or None when it has no (or an empty) reasoning segment.
+    `opened`: the prompt ended with the open tag, so Z starts at the response's first token."""
     text = decode(ids)
-    chars = _character_span(text, spec, truncated)
+    chars = _character_span(text, spec, truncated, opened)
     if chars is None:
         return None
     char_start, char_end = chars
@@ -156,14 +179,19 @@ class Trace:
 
 
 def extract_traces(
-    samples: Sequence[Sequence[Sample]], decode: Decode, spec: ReasoningSpec
+    samples: Sequence[Sequence[Sample]],
+    decode: Decode,
+    spec: ReasoningSpec,
+    opened: Sequence[bool] | None = None,
 ) -> list[Trace]:
-    """Traces in prompt-major order from the backend's samples, K per prompt."""
+    """Traces in prompt-major order from the backend's samples, K per prompt. `opened[i]`:
+    prompt i's rendering opened the reasoning (`opens_reasoning`)."""
     traces = []
     for prompt_index, prompt_samples in enumerate(samples):
+        inside = bool(opened[prompt_index]) if opened is not None else False
         for sample_index, sample in enumerate(prompt_samples):
             ids = sample.ids
-            span = locate_reasoning(ids, decode, spec, truncated=sample.truncated)
+            span = locate_reasoning(ids, decode, spec, truncated=sample.truncated, opened=inside)
             reasoning = decode(ids[span.start : span.end]) if span else ""
             traces.append(
                 Trace(

@@ -31,8 +31,9 @@ from collapsecheck.prompts import (
     file_sha256,
     prompt_from_row,
     read_rows,
-    render_prompt,
+    render_prompts,
 )
+from collapsecheck.settings import PromptSettings
 
 RESPONSE_FIELDS = ("response", "output", "completion")
 GROUP_FIELDS = ("uid", "group_id", "prompt_id", "group")
@@ -142,9 +143,7 @@ def read_rollouts(
     path: str | Path,
     tokenizer: Any,
     options: RolloutOptions,
-    *,
-    as_chat: bool = False,
-    system_prompt: str | None = None,
+    rendering: PromptSettings | None = None,
 ) -> SampledPrompts:
     """Prompts and samples of a rollout file or a dump directory."""
     path = Path(path)
@@ -162,8 +161,6 @@ def read_rollouts(
     else:
         groups = _group_single_turns(rows, options)
     prompts = [group[0].prompt for group in groups]
-    rendered = [
-        render_prompt(p, tokenizer, as_chat=as_chat, system_prompt=system_prompt) for p in prompts
-    ]
+    rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings())
     samples = [[_sample(turn, tokenizer) for turn in group] for group in groups]
     return SampledPrompts(prompts, rendered, samples, settings)

@@ -38,8 +38,20 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked
 from collapsecheck.metrics import compute_metrics, count_per_prompt
 from collapsecheck.progress import ProgressHook, silent
-from collapsecheck.prompts import Prompt, RenderedPrompt, file_sha256, load_prompts, render_prompt
-from collapsecheck.reasoning import Trace, extract_traces
+from collapsecheck.prompts import (
+    Prompt,
+    RenderedPrompt,
+    file_sha256,
+    load_prompts,
+    render_prompts,
+)
+from collapsecheck.reasoning import (
+    ReasoningSpec,
+    Trace,
+    closes_reasoning,
+    extract_traces,
+    opens_reasoning,
+)
 from collapsecheck.report import Report
 from collapsecheck.rollouts import RolloutOptions, read_rollouts
 from collapsecheck.settings import (
@@ -102,6 +114,7 @@ class Prepared:
     rendered: list[RenderedPrompt]
     groups: np.ndarray  # per prompt, the first prompt with identical ids (SPEC: one column)
     truncated: int  # prompts cut to fit the context (--truncate-prompts)
+    opened: list[bool]  # per prompt, its rendering opened the reasoning (R1 distills, QwQ)
 
     @property
     def ids(self) -> list[tuple[int, ...]]:
@@ -139,30 +152,43 @@ def fit_context(
     return fitted, cut
 
 
+def reasoning_opened(
+    prompts: Sequence[Prompt],
+    rendered: Sequence[RenderedPrompt],
+    spec: ReasoningSpec,
+    tokenizer: Any,
+) -> list[bool]:
+    """Per prompt, whether its rendering opened the reasoning (SPEC "The reasoning segment");
+    a rendering that already closed it is an error, never a silent zero."""
+    for prompt, render in zip(prompts, rendered, strict=True):
+        if closes_reasoning(render.text, spec):
+            template = getattr(tokenizer, "name_or_path", "") or "the checkpoint"
+            raise CollapsecheckError(
+                f"{prompt.origin}: the chat template of {template} ends the prompt with "
+                f"{spec.close_tag!r} (thinking switched off), so the response holds no reasoning "
+                "to score; switch thinking on (Qwen3: --chat-template-kwargs "
+                "'{\"enable_thinking\": true}') or score the whole response (--whole-response)"
+            )
+    return [opens_reasoning(render.text, spec) for render in rendered]
+
+
 def prepare(
     prompts: Sequence[Prompt],
     rendered: Sequence[RenderedPrompt],
     reserve: Sequence[int],
     backend: Backend,
-    settings: PromptSettings,
+    settings: Settings,
     source: str,
 ) -> Prepared:
-    """Fit the rendered prompts to the context and check that at least two differ: before
-    any sampling or scoring."""
-    fitted, cut = fit_context(rendered, prompts, reserve, backend, settings.truncate_prompts)
+    """Fit the rendered prompts to the context, check that at least two differ and see where
+    the reasoning opens: before any sampling or scoring."""
+    truncate = settings.prompts.truncate_prompts
+    fitted, cut = fit_context(rendered, prompts, reserve, backend, truncate)
     groups = column_groups([r.ids for r in fitted])
     if len(set(groups.tolist())) < 2:
         raise CollapsecheckError(f"{source}: all prompts render to the same tokens")
-    return Prepared(list(prompts), fitted, groups, cut)
-
-
-def render_all(
-    prompts: Sequence[Prompt], tokenizer: Any, settings: PromptSettings
-) -> list[RenderedPrompt]:
-    return [
-        render_prompt(p, tokenizer, as_chat=settings.as_chat, system_prompt=settings.system_prompt)
-        for p in prompts
-    ]
+    opened = reasoning_opened(prompts, fitted, settings.scoring.reasoning, backend.tokenizer)
+    return Prepared(list(prompts), fitted, groups, cut, opened)
 
 
 def sampling_warnings(params: SamplingParams) -> tuple[str, ...]:
@@ -346,6 +372,7 @@ def report_settings(
         "system_prompt": prompts.system_prompt,
         "truncate_prompts": prompts.truncate_prompts,
         "truncated_prompts": prepared.truncated,
+        "chat_template_kwargs": prompts.chat_template_kwargs,
         "num_prompts": len(prepared.rendered),
         "reasoning": scoring.reasoning.to_dict(),
         "cross_scoring": {"negatives": negatives, "estimator": estimator},
@@ -362,7 +389,7 @@ def diagnose(
     and (with a dump directory) the SPEC dump, each file as soon as it is known."""
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
     spec = settings.scoring.reasoning
-    traces = extract_traces(samples, backend.decode, spec)
+    traces = extract_traces(samples, backend.decode, spec, prepared.opened)
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
     started = time.perf_counter()
@@ -398,6 +425,7 @@ def trace_counts(
         "responses": len(traces),
         "scored_traces": len(scores.row_trace_index),
         "truncated_responses": sum(t.truncated for t in traces),
+        "prompts_opening_reasoning": sum(prepared.opened),
         "reasoning_tokens_mean": float(scores.reasoning_tokens.mean()),
     }
 
@@ -432,24 +460,22 @@ def scan(
     dump: str | Path | None = None,
     resume: bool = False,
     progress: ProgressHook = silent,
-    backend: Backend | None = None,
+    loaded: Backend | None = None,
     **flags: Any,
 ) -> Report:
     """Diagnose one checkpoint on one prompt set (SPEC.md defines every number). How: the
     `settings`, or their flags by name (`k=8`, `device="cpu"`; an unknown name is an error).
-    `backend`: an already loaded model (inside a training loop, say) instead of loading one.
+    `loaded`: an already loaded backend (inside a training loop, say) instead of loading one.
     `resume`: reuse the samples `dump` already holds for the same prompts."""
     settings = resolve_settings(settings, flags)
     started, started_at = time.perf_counter(), _now()
     prompt_path = Path(prompts)
     prompt_list = read_prompt_set(prompt_path, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
-    with open_backend(checkpoint, backend, settings) as model:
-        rendered = render_all(prompt_list, model.tokenizer, settings.prompts)
+    with open_backend(checkpoint, loaded, settings) as model:
+        rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts)
         reserve = [params.max_new_tokens] * len(rendered)
-        prepared = prepare(
-            prompt_list, rendered, reserve, model, settings.prompts, str(prompt_path)
-        )
+        prepared = prepare(prompt_list, rendered, reserve, model, settings, str(prompt_path))
         loaded = time.perf_counter()
         with holding(dump) as dump_dir:
             samples = sample(model, prepared, params, progress, dump_dir if resume else None)
@@ -481,25 +507,22 @@ def score(
     thresholds: Thresholds | None = None,
     dump: str | Path | None = None,
     progress: ProgressHook = silent,
-    backend: Backend | None = None,
+    loaded: Backend | None = None,
     **flags: Any,
 ) -> Report:
     """Diagnose traces that were already sampled (rollouts, or a scan's dump) under the
     checkpoint that produced them: no generation, only cross-scoring. Reports exactly as
-    `scan` does; `settings.sampling` is unused."""
+    `scan` does; `settings.sampling` is unused. `loaded`: as for `scan`."""
     settings = resolve_settings(settings, flags)
     started, started_at = time.perf_counter(), _now()
     options = rollout_options or RolloutOptions(
         prompt_field=settings.prompts.prompt_field, seed=settings.analysis.seed
     )
-    with open_backend(checkpoint, backend, settings) as model:
+    with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
-        data = read_rollouts(
-            rollouts, model.tokenizer, options,
-            as_chat=settings.prompts.as_chat, system_prompt=settings.prompts.system_prompt,
-        )  # fmt: skip
+        data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts)
         require_two_prompts(len(data.prompts), rollouts)
-        prepared = prepare_rollouts(data, model, settings.prompts)
+        prepared = prepare_rollouts(data, model, settings)
         with holding(dump) as dump_dir:
             diagnosis = Diagnosis(
                 settings,
@@ -518,7 +541,7 @@ def score(
             return diagnose(model, prepared, data.samples, diagnosis)
 
 
-def prepare_rollouts(data: SampledPrompts, backend: Backend, settings: PromptSettings) -> Prepared:
+def prepare_rollouts(data: SampledPrompts, backend: Backend, settings: Settings) -> Prepared:
     """Rollout prompts fitted to the context, each leaving room for its longest response."""
     reserve = [max((len(s.ids) for s in group), default=0) for group in data.samples]
     return prepare(

@@ -15,6 +15,7 @@ checked where a dataclass is built, before any model loads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -29,6 +30,7 @@ from collapsecheck.reasoning import REGEX, WHOLE, ReasoningSpec
 NUMBERS_VERSION = 1
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 DEFAULT_SAMPLE_BATCH = 128
 
@@ -63,7 +65,7 @@ class LoadSettings:
     """What to load: the engine, the device and dtype, and how the engine batches."""
 
     backend: str = setting(
-        "transformers", "transformers, vllm, or auto (vLLM when installed and on a GPU).",
+        AUTO, "auto (vLLM when installed and on a GPU, else transformers), transformers or vllm.",
         numbers=True,
     )  # fmt: skip
     scorer: str = setting(
@@ -71,6 +73,10 @@ class LoadSettings:
         numbers=True,
     )  # fmt: skip
     device: str = setting("auto", "auto, cpu or cuda[:N].", numbers=True)
+    device_map: str | None = setting(
+        None, "transformers: spread the model over the visible GPUs (auto, balanced, sequential; "
+        "needs accelerate).", numbers=False,
+    )  # fmt: skip
     dtype: str = setting("auto", "auto, float32, bfloat16 or float16.", numbers=True)
     base_model: Path | None = setting(
         None, "Base model directory of a LoRA/PEFT adapter checkpoint.",
@@ -116,6 +122,10 @@ class LoadSettings:
         _require(
             self.dtype in DTYPES,
             f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}",
+        )
+        _require(
+            self.device_map in (None, *DEVICE_MAPS),
+            f"--device-map must be one of {', '.join(DEVICE_MAPS)}, got {self.device_map!r}",
         )
         object.__setattr__(self, "batch_tokens", _batch_tokens(self.batch_tokens))
         if self.base_model is not None:
@@ -178,6 +188,25 @@ class PromptSettings:
         False, "Cut prompts too long for the model's context to their last tokens (reported).",
         numbers=True,
     )  # fmt: skip
+    chat_template_kwargs: dict[str, Any] | None = setting(
+        None, 'Arguments for the chat template, as a JSON object: {"enable_thinking": true}.',
+        numbers=True, cli_type=str,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        value = self.chat_template_kwargs
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as err:
+                raise CollapsecheckError(
+                    f"--chat-template-kwargs: not valid JSON ({err.msg}): {value}"
+                ) from None
+        _require(
+            value is None or isinstance(value, dict),
+            f"--chat-template-kwargs must be a JSON object, got {self.chat_template_kwargs!r}",
+        )
+        object.__setattr__(self, "chat_template_kwargs", value)
 
 
 @dataclass(frozen=True)

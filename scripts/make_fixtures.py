@@ -173,7 +173,10 @@ def example(tokenizer, agent, goal, template_share, style, rng) -> tuple[list[in
     ]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     reasoning, move = reasoning_and_move(agent, goal, template_share, style, rng)
-    response = f"<think>{reasoning}</think><answer>{move}</answer><|end|>"
+    # a template whose generation prompt opens the reasoning (R1 distills) leaves it out here
+    opened = prompt.rstrip().endswith("<think>")
+    end = getattr(tokenizer, "end_of_turn", "<|end|>")
+    response = f"{'' if opened else '<think>'}{reasoning}</think><answer>{move}</answer>{end}"
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
     return prompt_ids + response_ids, len(prompt_ids)
@@ -229,13 +232,50 @@ def write_prompts(path: Path, count: int, seed: int) -> None:
             stream.write(json.dumps({"messages": messages}) + "\n")
 
 
+# Chat templates that behave as the model families' do (their real tokenizers are not on any
+# package registry reachable here): the generation prompt of DeepSeek-R1 distills and QwQ ends
+# with "<think>\n"; Qwen3's template takes `enable_thinking` and, when it is false, renders an
+# empty, closed reasoning; Llama-3 instruct models end a turn with <|eot_id|>, one of several
+# end-of-sequence ids of the generation config, while the tokenizer's eos is another.
+R1_TEMPLATE = CHAT_TEMPLATE.replace("<|assistant|>{% endif %}", "<|assistant|><think>\n{% endif %}")
+QWEN3_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|assistant|>{% endif %}",
+    "<|assistant|>{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}",
+)
+EOT = "<|eot_id|>"
+# (directory, chat template, end-of-turn token or None, fine-tuning steps from the base)
+FAMILIES = [
+    ("checkpoints/families/r1-distill-style", R1_TEMPLATE, None, 400),
+    ("checkpoints/families/qwen3-style", QWEN3_TEMPLATE, None, 0),
+    ("checkpoints/families/llama3-style", CHAT_TEMPLATE, EOT, 400),
+]
+
+
+def family_checkpoint(base_state, name, template, eot, steps, seed) -> None:
+    """The grounded base, taught one family's chat format (diverse grounded reasoning)."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = template
+    model = build_model(tokenizer)
+    model.load_state_dict(base_state)
+    if eot is not None:
+        tokenizer.add_special_tokens({"additional_special_tokens": [EOT]})
+        tokenizer.end_of_turn = eot
+        model.resize_token_embeddings(len(tokenizer))
+        eos = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(eot)]
+        model.generation_config.eos_token_id = eos
+    if steps:
+        train(model, tokenizer, 0.0, "diverse", steps, seed=seed, lr=1e-3)
+    save(model, tokenizer, EXAMPLES / name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-steps", type=int, default=1500)
     parser.add_argument(
         "--only",
         nargs="+",
-        choices=[name for name, *_ in SIDE],
+        choices=[name for name, *_ in (*SIDE, *FAMILIES)],
         help="retrain only these side checkpoints, from the saved grounded base",
     )
     args = parser.parse_args()
@@ -264,6 +304,11 @@ def main() -> None:
         model.load_state_dict(base_state)
         train(model, tokenizer, share, style, steps, seed=100 + index, lr=1e-3)
         save(model, tokenizer, EXAMPLES / name)
+    for index, (name, template, eot, steps) in enumerate(FAMILIES):
+        if args.only and name not in args.only:
+            continue
+        print(f"{name}: chat format", flush=True)
+        family_checkpoint(base_state, name, template, eot, steps, seed=200 + index)
 
 
 if __name__ == "__main__":

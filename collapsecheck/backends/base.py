@@ -5,7 +5,7 @@ above the backends (reasoning extraction, cross-scoring, metrics) works on token
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -122,35 +122,60 @@ def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
 
 
 class SplitBackend:
-    """Samples with one backend and scores with another, both over the same checkpoint (vLLM
-    sampling with the transformers scorer, say)."""
+    """Samples with one backend and scores with another over the same checkpoint (vLLM
+    sampling with the transformers scorer, say).
+
+    Given a loader instead of a scorer, it runs the phases in order with one copy of the
+    weights on the device at a time: sampling, then the sampler is closed (a vLLM engine's
+    workers stop and its memory is returned), then the scorer loads, at the first scoring
+    call. A scorer given already loaded is used as it is, and the sampler is left open.
+    """
 
     name = "split"
 
-    def __init__(self, sampler: Backend, scorer: Backend) -> None:
-        self.sampler, self.scorer = sampler, scorer
+    def __init__(self, sampler: Backend, scorer: Backend | Callable[[], Backend]) -> None:
+        self.sampler: Backend | None = sampler
         self.tokenizer = sampler.tokenizer
-        limits = [b.max_length for b in (sampler, scorer) if b.max_length is not None]
-        self.max_length = min(limits) if limits else None
+        self.max_length = sampler.max_length
+        self._sampling = sampler.describe()
+        if callable(scorer) and not hasattr(scorer, "loglikelihood"):
+            self.scorer: Backend | None = None
+            self._load_scorer: Callable[[], Backend] | None = scorer
+        else:
+            self.scorer, self._load_scorer = scorer, None  # type: ignore[assignment]
+            if scorer.max_length is not None:
+                self.max_length = min(self.max_length or scorer.max_length, scorer.max_length)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
     ) -> list[list[Sample]]:
+        if self.sampler is None:
+            raise RuntimeError("the sampler was closed before sampling")
         return self.sampler.generate(prompts, params, progress)
 
+    def _scoring_backend(self) -> Backend:
+        if self.scorer is None:
+            if self.sampler is not None:
+                self.sampler.close()
+                self.sampler = None
+            self.scorer = self._load_scorer()  # type: ignore[misc]
+        return self.scorer
+
     def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
-        return self.scorer.loglikelihood(requests, progress)
+        return self._scoring_backend().loglikelihood(requests, progress)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.sampler.decode(ids)
+        return decode_ids(self.tokenizer, ids)
 
     def describe(self) -> dict[str, str]:
-        sampling, scoring = self.sampler.describe(), self.scorer.describe()
+        scoring = self._scoring_backend().describe()
         return {
             **scoring,
-            "backend": f"{sampling['backend']} sampling, {scoring['backend']} scoring",
+            "backend": f"{self._sampling['backend']} sampling, {scoring['backend']} scoring",
         }
 
     def close(self) -> None:
-        self.sampler.close()
-        self.scorer.close()
+        for backend in (self.sampler, self.scorer):
+            if backend is not None:
+                backend.close()
+        self.sampler = self.scorer = None

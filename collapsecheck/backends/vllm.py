@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from collapsecheck.backends.base import (
     Progress,
@@ -30,6 +31,21 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.settings import LoadSettings
 
 CPU_MEMORY_SHARE = 0.1  # on CPU, vLLM's "gpu_memory_utilization" is the share of host memory
+
+
+WORKER_EXIT_S = 60
+
+
+def _children() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def _is_worker(process: psutil.Process) -> bool:
+    """An engine process, not multiprocessing's resource tracker (it lives as long as Python)."""
+    try:
+        return "resource_tracker" not in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def vllm_available() -> bool:
@@ -70,6 +86,7 @@ class VLLMBackend:
         on_gpu = engine_device(settings.device) == "cuda"
         dtype = settings.dtype if settings.dtype != "auto" or on_gpu else "float32"
         share = settings.gpu_memory_utilization or (0.9 if on_gpu else CPU_MEMORY_SHARE)
+        before = {child.pid for child in _children()}
         try:
             self.llm = LLM(
                 model=str(checkpoint.path),
@@ -87,6 +104,7 @@ class VLLMBackend:
             raise CollapsecheckError(
                 f"{checkpoint.path}: vLLM could not start ({message})"
             ) from None
+        self._workers = [c for c in _children() if c.pid not in before and _is_worker(c)]
         self.tokenizer = self.llm.get_tokenizer()
         self.max_length: int | None = self.llm.llm_engine.model_config.max_model_len
         self.dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
@@ -168,3 +186,5 @@ class VLLMBackend:
         engine.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
+        # the engine's worker processes hold the device memory until they have exited
+        psutil.wait_procs([p for p in self._workers if p.is_running()], timeout=WORKER_EXIT_S)

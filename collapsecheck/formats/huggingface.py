@@ -36,9 +36,11 @@ def load_weights(
 ) -> Any:
     from transformers import AutoModelForCausalLM
 
+    placement = {"device_map": settings.device_map} if settings.device_map else {}
     return AutoModelForCausalLM.from_pretrained(
         checkpoint.path,
         dtype=dtype,
         local_files_only=True,
         trust_remote_code=settings.trust_remote_code,
+        **placement,
     )

@@ -66,7 +66,7 @@ def test_vllm_traces_give_the_transformers_verdict(engine):
     scorer = TransformersBackend.from_checkpoint(
         HEALTHY, LoadSettings(device="cpu", dtype="float32")
     )
-    via_vllm = scan(HEALTHY, PROMPTS, backend=SplitBackend(engine, scorer), **FAST)
+    via_vllm = scan(HEALTHY, PROMPTS, loaded=SplitBackend(engine, scorer), **FAST)
     via_transformers = scan(HEALTHY, PROMPTS, **FAST)
     assert via_vllm.verdict.regime == via_transformers.verdict.regime == "grounded"
     assert via_vllm.settings["backend"] == "vllm sampling, transformers scoring"
@@ -93,6 +93,23 @@ def test_engine_teardown_leaves_no_process(engine):
     assert engine_processes()
     engine.close()
     psutil.wait_procs(engine_processes(), timeout=30)
+    assert not engine_processes()
+
+
+def test_the_engine_is_gone_before_the_scorer_loads(monkeypatch):
+    """vLLM samples, its engine stops, then the transformers scorer loads: one copy of the
+    weights on the device at a time. Runs after the shared engine's teardown."""
+    alive_when_scorer_loads = []
+    original = TransformersBackend.from_checkpoint.__func__
+
+    def recording(cls, checkpoint, settings=None, scorer="cached"):
+        alive_when_scorer_loads.append(len(engine_processes()))
+        return original(cls, checkpoint, settings, scorer)
+
+    monkeypatch.setattr(TransformersBackend, "from_checkpoint", classmethod(recording))
+    report = scan(HEALTHY, PROMPTS, backend="vllm", **FAST)
+    assert report.settings["backend"] == "vllm sampling, transformers scoring"
+    assert alive_when_scorer_loads == [0]
     assert not engine_processes()
 
 

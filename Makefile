@@ -67,6 +67,7 @@ examples: $(STAMP)
 # machine's matmul peak, then the accuracy of --negatives; both write docs/benchmarks.md.
 bench: $(STAMP)
 	$(PY) bench/bench_scoring.py --write
+	$(PY) bench/bench_flow.py --write
 	$(PY) bench/negatives.py
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment

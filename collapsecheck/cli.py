@@ -305,7 +305,7 @@ def scan(
             {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot},
             {"--dump": dump, "--out": out},
         )
-        common = {"thresholds": gate.thresholds}
+        common = {"thresholds": gate.thresholds, "flow_thresholds": gate.flow_thresholds}
         with progress_bars(stderr) as progress:
             common["progress"] = progress
             if run:
@@ -382,7 +382,8 @@ def score(
         with progress_bars(stderr) as progress:
             report = run_score(
                 checkpoint, rollouts, settings, rollout_options=options,
-                thresholds=gate.thresholds, dump=dump, progress=progress,
+                thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, dump=dump,
+                progress=progress,
             )  # fmt: skip
     gate_single_report(report, gate, f"{rollouts} under {checkpoint}", json_path, markdown, junit)
 
@@ -407,7 +408,7 @@ def obtain_report(
         raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
     return cached_scan(
         single, require_prompts(prompts), settings, cache_root=cache, rescan=rescan,
-        thresholds=gate.thresholds, progress=progress,
+        thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, progress=progress,
     )  # fmt: skip
 
 

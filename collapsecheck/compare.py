@@ -9,8 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from collapsecheck.dump import MATRIX_FILE, read_dump
+from collapsecheck.dump import MATRIX_FILE, read_dump, read_flow
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.flow import NOT_MEASURED, paired_flow_differences
 from collapsecheck.metrics import (
     DEFAULT_RESAMPLES,
     Estimate,
@@ -32,6 +33,7 @@ COMPARE_KEYS = (
     "distinct_reasoning_rate",
     "valid_reasoning_rate",
 )
+FLOW_COMPARE_KEYS = ("action_state_share", "action_reasoning_share", "action_input_share")
 SAME_PROMPTS_KEYS = ("prompts_sha256", "num_prompts", "as_chat", "system_prompt")
 # What must agree for two reports to measure the same thing: (name, where in `settings`).
 COMPARABLE = (
@@ -116,6 +118,20 @@ def _unpaired_delta(a: Any, b: Any) -> Estimate:
     return Estimate(delta, delta - half, delta + half)
 
 
+def flow_deltas(
+    a: Report, b: Report, paired: bool, resamples: int, seed: int
+) -> dict[str, Estimate]:
+    """B - A of the flow's shares where both measured it: paired from the dumps' action
+    matrices when there are both, else from the reports' intervals."""
+    if NOT_MEASURED in (a.flow.regime, b.flow.regime):
+        return {}
+    flows = (read_flow(a.dump_dir), read_flow(b.dump_dir)) if paired else (None, None)
+    if flows[0] is not None and flows[1] is not None:
+        deltas = paired_flow_differences(*flows, resamples=resamples, seed=seed)
+        return {key: deltas[key] for key in FLOW_COMPARE_KEYS}
+    return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in FLOW_COMPARE_KEYS}
+
+
 def _describe(key: str, delta: Estimate) -> str:
     return f"{key} {delta.value:+.3f} [{delta.low:+.3f}, {delta.high:+.3f}]"
 
@@ -150,6 +166,7 @@ def compare_reports(
         deltas = {key: deltas[key] for key in COMPARE_KEYS}
     else:
         deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
+    deltas.update(flow_deltas(a, b, paired, resamples, seed))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
     lost = len(dropped) == len(DEPENDENCE_KEYS)
     changes = "; ".join(_describe(key, deltas[key]) for key in DEPENDENCE_KEYS)

@@ -16,17 +16,20 @@ command line win over the file; the file wins over the defaults.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.flow import ACTION_COLLAPSE, DECORATIVE, MIXED, FlowThresholds
 from collapsecheck.settings import setting
 from collapsecheck.verdict import COLLAPSES, REGIMES, Thresholds
 
 CONFIG_FILE = "collapsecheck.toml"
 THRESHOLD_KEYS = ("dependence_high", "dependence_collapsed", "entropy_low")
-KNOWN_KEYS = {*THRESHOLD_KEYS, "fail_on", "max_drop", "min"}
+FLOW_THRESHOLD_KEYS = tuple(f.name for f in fields(FlowThresholds))
+KNOWN_KEYS = {*THRESHOLD_KEYS, *FLOW_THRESHOLD_KEYS, "fail_on", "max_drop", "min"}
+FAIL_REGIMES = (*REGIMES, DECORATIVE, ACTION_COLLAPSE, MIXED)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class GateConfig:
     """What makes a checkpoint fail: its regime, metric minimums, a drop against a baseline."""
 
     thresholds: Thresholds = field(default_factory=Thresholds)
+    flow_thresholds: FlowThresholds = field(default_factory=FlowThresholds)
     fail_on: frozenset[str] = frozenset(COLLAPSES)
     minimums: dict[str, float] = field(default_factory=dict)
     max_drop: float = 0.0
@@ -50,11 +54,11 @@ def parse_fail_on(value: Any, where: str = "--fail-on") -> frozenset[str]:
     regimes = {str(v).strip() for v in items if str(v).strip()}
     if regimes == {"none"}:
         return frozenset()
-    unknown = regimes - set(REGIMES)
+    unknown = regimes - set(FAIL_REGIMES)
     if unknown:
         raise CollapsecheckError(
             f"{where}: unknown regime {', '.join(sorted(unknown))} "
-            f"(choose from {', '.join(REGIMES)}, or none)"
+            f"(choose from {', '.join(FAIL_REGIMES)}, or none)"
         )
     return frozenset(regimes)
 
@@ -104,12 +108,14 @@ def gate_from_table(table: dict[str, Any], where: str) -> GateConfig:
             f"(known: {', '.join(sorted(KNOWN_KEYS))})"
         )
     thresholds = {k: _number(table[k], f"{where}: {k}") for k in THRESHOLD_KEYS if k in table}
+    flow = {k: _number(table[k], f"{where}: {k}") for k in FLOW_THRESHOLD_KEYS if k in table}
     minimums = table.get("min", {})
     if not isinstance(minimums, dict):
         raise CollapsecheckError(f"{where}: min must be a table of metric = value")
     try:
         return GateConfig(
             thresholds=Thresholds(**thresholds),
+            flow_thresholds=FlowThresholds(**flow),
             fail_on=parse_fail_on(table["fail_on"], f"{where}: fail_on")
             if "fail_on" in table
             else frozenset(COLLAPSES),
@@ -132,6 +138,7 @@ def load_gate(
     """The gate: command-line values (None where not given) over the config file's."""
     gate = gate_from_table(*find_config(config))
     given = {k: v for k, v in (thresholds or {}).items() if v is not None}
+    flow = {k: given.pop(k) for k in FLOW_THRESHOLD_KEYS if k in given}
     try:
         merged = replace(gate.thresholds, **given)
     except ValueError as err:
@@ -139,6 +146,7 @@ def load_gate(
     return replace(
         gate,
         thresholds=merged,
+        flow_thresholds=replace(gate.flow_thresholds, **flow),
         fail_on=parse_fail_on(fail_on) if fail_on is not None else gate.fail_on,
         minimums={**gate.minimums, **{k: v for k, v in (minimums or {}).items() if v is not None}},
         max_drop=max_drop if max_drop is not None else gate.max_drop,
@@ -150,6 +158,9 @@ MINIMUM_FLAGS = {
     "min_retrieval_skill": "retrieval_skill",
     "min_valid_reasoning_rate": "valid_reasoning_rate",
     "min_conditional_entropy": "conditional_entropy_est",
+    "min_action_state_nmi": "action_state_nmi",
+    "min_action_reasoning_nmi": "action_reasoning_nmi",
+    "min_action_input_nmi": "action_input_nmi",
 }
 
 
@@ -175,6 +186,21 @@ class GateSettings:
     min_retrieval_skill: float | None = setting(None, "Fail below this.", numbers=False)
     min_valid_reasoning_rate: float | None = setting(None, "Fail below this.", numbers=False)
     min_conditional_entropy: float | None = setting(None, "Fail below this.", numbers=False)
+    min_action_state_nmi: float | None = setting(None, "Fail below this.", numbers=False)
+    min_action_reasoning_nmi: float | None = setting(None, "Fail below this.", numbers=False)
+    min_action_input_nmi: float | None = setting(None, "Fail below this.", numbers=False)
+    flow_collapsed: float | None = setting(
+        None, "Action collapse at or below this action_state_nmi (default 0.3).", numbers=False
+    )
+    flow_faithful: float | None = setting(
+        None, "Faithful at or above this action_reasoning_nmi (default 0.5).", numbers=False
+    )
+    flow_decorative_reasoning: float | None = setting(
+        None, "Decorative at or below this action_reasoning_nmi (default 0.2)...", numbers=False
+    )
+    flow_decorative_input: float | None = setting(
+        None, "...and at or above this action_input_nmi (default 0.5).", numbers=False
+    )
     config: Path | None = setting(
         None, "Gate settings file (default: ./collapsecheck.toml or ./pyproject.toml).",
         numbers=False,
@@ -185,6 +211,6 @@ class GateSettings:
         return load_gate(
             self.config,
             fail_on=self.fail_on,
-            thresholds={key: getattr(self, key) for key in THRESHOLD_KEYS},
+            thresholds={key: getattr(self, key) for key in (*THRESHOLD_KEYS, *FLOW_THRESHOLD_KEYS)},
             minimums={metric: getattr(self, flag) for flag, metric in MINIMUM_FLAGS.items()},
         )

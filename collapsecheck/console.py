@@ -23,7 +23,7 @@ from collapsecheck.compare import Comparison
 from collapsecheck.formatting import format_number, plural
 from collapsecheck.metrics import Estimate, MetricValue, point_value
 from collapsecheck.progress import ProgressHook
-from collapsecheck.report import KEY_METRICS, Report
+from collapsecheck.report import FLOW_METRICS, KEY_METRICS, Report
 from collapsecheck.run_report import RunReport
 from collapsecheck.verdict import GROUNDED, INCONCLUSIVE
 
@@ -98,7 +98,8 @@ def metrics_table(report: Report) -> Table:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("95% interval", justify="right")
-    for key in KEY_METRICS:
+    keys = KEY_METRICS + (FLOW_METRICS if report.flow.regime != "not_measured" else ())
+    for key in keys:
         interval = _interval(report.metrics[key])
         label = key
         if key == "retrieval_accuracy":
@@ -121,6 +122,18 @@ def verdict_line(report: Report) -> Text:
     line = Text("verdict: ", style="bold")
     line.append_text(regime_text(report))
     line.append(f" — {report.verdict.reason}")
+    return line
+
+
+FLOW_STYLES = {"faithful": "bold green", "not_measured": "dim", "inconclusive": "bold yellow"}
+
+
+def flow_line(report: Report) -> Text:
+    """The information flow, X -> Z -> A, in one line under the verdict."""
+    regime = report.flow.regime
+    line = Text("flow: ", style="bold")
+    line.append(regime.replace("_", " "), style=FLOW_STYLES.get(regime, COLLAPSE_STYLE))
+    line.append(f" — {report.flow.reason}")
     return line
 
 
@@ -156,6 +169,7 @@ def print_report(console: Console, report: Report) -> None:
         )
     print_warnings(console, report.warnings)
     console.print(verdict_line(report))
+    console.print(flow_line(report))
     if report.verdict.is_collapse:
         console.print("Reasoning sampled for two different prompts; do they differ?")
         for example in report.examples:
@@ -189,6 +203,7 @@ def print_run(console: Console, run: RunReport) -> None:
         table.add_column(title, justify="right", no_wrap=True)
     table.add_column("norm. MI 95%", justify="right", no_wrap=True)
     table.add_column("regime")
+    table.add_column("flow")
     table.add_column("onset")
     for index, step in enumerate(run.steps):
         metrics = step.report.metrics
@@ -196,7 +211,8 @@ def print_run(console: Console, run: RunReport) -> None:
         cells.append(_interval(metrics["normalized_mi"]))
         label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
         onset = run.onset.kind if run.onset and run.onset.index == index else ""
-        table.add_row(label, *cells, regime_text(step.report), Text(onset, style="bold"))
+        flow = step.report.flow.regime.replace("_", " ")
+        table.add_row(label, *cells, regime_text(step.report), flow, Text(onset, style="bold"))
     console.print(table)
     cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
     if cached:
@@ -213,6 +229,7 @@ def print_run(console: Console, run: RunReport) -> None:
     latest = run.steps[-1]
     console.print(Text(f"latest checkpoint ({latest.checkpoint.label}):", style="bold"))
     console.print(verdict_line(latest.report))
+    console.print(flow_line(latest.report))
 
 
 def print_comparison(console: Console, comparison: Comparison) -> None:

@@ -1,35 +1,56 @@
-"""Cross-scoring (SPEC "The cross log-probability matrix"): every valid trace's reasoning Z
-scored under every prompt, as continuation of [prompt j | the trace's own response prefix].
+"""Cross-scoring (SPEC "The cross log-probability matrix" and "Information flow"): every
+valid trace's reasoning Z scored under every prompt, as continuation of [prompt j | the
+trace's own response prefix]; with the flow, every flow-valid trace's action A under swapped
+inputs and swapped reasoning.
 
-Backend-free: builds `ScoreRequest`s and hands them to whichever backend is in use.
+Backend-free: builds `ScoreRequest`s and hands them to whichever backend is in use, all in
+one call, so a backend can run each (prompt, pre + Z) once and branch the actions from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from collapsecheck.backends.base import Backend, Progress, ScoreRequest
+from collapsecheck.backends.base import Backend, ScoreRequest
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.flow import FlowLogProbs
 from collapsecheck.metrics import CrossLogProbs
+from collapsecheck.progress import ProgressHook
 from collapsecheck.reasoning import Trace
 
 
 @dataclass(frozen=True)
+class FlowScores:
+    """The action matrices plus, per row, which trace it is and how many tokens A has."""
+
+    logprobs: FlowLogProbs
+    row_trace_index: np.ndarray
+    action_tokens: np.ndarray
+
+
+@dataclass(frozen=True)
 class CrossScores:
-    """The matrices plus, per row, which trace it is and how many tokens Z has."""
+    """The matrices plus, per row, which trace it is and how many tokens Z has; the flow's
+    matrices when it was measured."""
 
     matrix: CrossLogProbs
     row_trace_index: np.ndarray
     reasoning_tokens: np.ndarray
+    flow: FlowScores | None = None
+
+
+def first_of_each(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """For each key, the index of the first equal key (groups of identical sequences)."""
+    first: dict[tuple[int, ...], int] = {}
+    return np.array([first.setdefault(key, i) for i, key in enumerate(keys)], dtype=np.int64)
 
 
 def column_groups(prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
     """For each prompt, the index of the first prompt with identical rendered ids."""
-    first: dict[tuple[int, ...], int] = {}
-    return np.array([first.setdefault(tuple(ids), j) for j, ids in enumerate(prompt_ids)])
+    return first_of_each([tuple(ids) for ids in prompt_ids])
 
 
 def scored_groups(
@@ -48,60 +69,167 @@ def scored_groups(
     return chosen
 
 
-def request_count(
-    traces: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], negatives: int | None = None
-) -> int:
-    """How many requests `cross_score` sends (identical prompts are scored once)."""
-    distinct = len(np.unique(column_groups(prompt_ids)))
-    per_trace = distinct if negatives is None else min(distinct, negatives + 1)
-    return sum(t.valid for t in traces) * per_trace
+def chosen_traces(own: np.ndarray, negatives: int | None, seed: int) -> list[np.ndarray]:
+    """For each flow row (given its prompt group), the traces s whose reasoning is swapped
+    in: all of them, or those of its own prompt and `negatives` others drawn at random."""
+    everything = np.arange(len(own))
+    others_count = [(own != g).sum() for g in own]
+    if negatives is None or all(negatives >= c for c in others_count):
+        return [everything] * len(own)
+    chosen = []
+    for row in range(len(own)):
+        others = everything[own != own[row]]
+        rng = np.random.default_rng([seed, row, 1])
+        picked = rng.choice(others, size=min(negatives, len(others)), replace=False)
+        chosen.append(np.sort(np.concatenate([everything[own == own[row]], picked])))
+    return chosen
 
 
-def cross_score(
-    backend: Backend,
-    traces: Sequence[Trace],
-    prompt_ids: Sequence[Sequence[int]],
-    progress: Progress,
-    *,
-    negatives: int | None = None,
-    seed: int = 0,
-) -> CrossScores:
-    """Score the valid traces under every prompt, or under their own and `negatives` sampled
-    others. Duplicate prompts are scored once and their column copied; entries not scored
-    are NaN and marked in the matrix's `scored` mask."""
-    if negatives is not None and negatives < 1:
-        raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
-    rows = [i for i, t in enumerate(traces) if t.valid]
-    valid = [traces[i] for i in rows]
-    groups = column_groups(prompt_ids)
-    own = groups[[t.prompt_index for t in valid]] if valid else np.array([], dtype=np.int64)
-    chosen = scored_groups(own, groups, negatives, seed)
-    contexts = {g: tuple(prompt_ids[g]) for g in np.unique(groups)}
-    requests, cells = [], []
+@dataclass
+class Plan:
+    """The requests of one scoring call and, for each, the matrix cell its value fills."""
+
+    requests: list[ScoreRequest] = field(default_factory=list)
+    cells: list[tuple[str, int, int]] = field(default_factory=list)  # (matrix, row, column)
+
+    def add(self, request: ScoreRequest, matrix: str, row: int, column: int) -> None:
+        self.requests.append(request)
+        self.cells.append((matrix, row, column))
+
+    def fill(self, values: np.ndarray, name: str, shape: tuple[int, int]) -> np.ndarray:
+        """The values of one matrix's cells; NaN where nothing was scored."""
+        out = np.full(shape, np.nan)
+        for (matrix, row, column), value in zip(self.cells, values, strict=True):
+            if matrix == name:
+                out[row, column] = value
+        return out
+
+
+def plan_reasoning(
+    plan: Plan, valid: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], chosen: list
+) -> None:
+    """X->Z: each valid trace's pre + Z under each chosen prompt (one per group)."""
     for row, (trace, wanted) in enumerate(zip(valid, chosen, strict=True)):
         continuation = trace.prefix_ids + trace.reasoning_ids
         for group in wanted:
-            requests.append(ScoreRequest(contexts[group], continuation, len(trace.prefix_ids)))
-            cells.append((row, group))
-    values = backend.loglikelihood(requests, progress)
+            request = ScoreRequest(tuple(prompt_ids[group]), continuation, len(trace.prefix_ids))
+            plan.add(request, "z", row, int(group))
+
+
+def action_request(trace: Trace, reasoner: Trace, prompt: Sequence[int]) -> ScoreRequest:
+    """A of `trace` after `prompt`, the pre + Z of `reasoner`, and the trace's own mid; the
+    stem (pre + Z) is marked for a backend to share with the X->Z request that scores it."""
+    stem = reasoner.prefix_ids + reasoner.reasoning_ids
+    return ScoreRequest(
+        tuple(prompt),
+        stem + trace.mid_ids + trace.action_ids,
+        len(stem) + len(trace.mid_ids),
+        len(stem),
+    )
+
+
+def plan_flow(
+    plan: Plan,
+    acting: Sequence[Trace],
+    prompt_ids: Sequence[Sequence[int]],
+    own: np.ndarray,
+    prompts_chosen: list,
+    traces_chosen: list,
+) -> None:
+    """SPEC "Information flow": A_r after (prompt, pre, Z) of a swapped input or trace, then
+    its own mid_r. Each request's stem, prompt j + pre_s + Z_s, is an X->Z request's
+    continuation: a backend can branch the action from that pass instead of running it again.
+    `natural` entries of a trace's own prompt equal `reasoning` ones and are copied after."""
+    for row, trace in enumerate(acting):
+        for group in prompts_chosen[row]:
+            request = action_request(trace, trace, prompt_ids[group])
+            plan.add(request, "input", row, int(group))
+        for s in traces_chosen[row]:
+            plan.add(action_request(trace, acting[s], prompt_ids[own[row]]), "reasoning", row, s)
+            if own[s] != own[row]:
+                request = action_request(trace, acting[s], prompt_ids[own[s]])
+                plan.add(request, "natural", row, int(s))
+
+
+def check_finite(values: np.ndarray) -> None:
     broken = int((~np.isfinite(values)).sum())
     if broken:
         raise CollapsecheckError(
             f"the model gave NaN or infinite log-probabilities for {broken} of {len(values)} "
             "(trace, prompt) pairs: no verdict (check the checkpoint's weights and --dtype)"
         )
-    by_group = np.full((len(valid), len(groups)), np.nan)
-    scored_group = np.zeros((len(valid), len(groups)), dtype=bool)
-    for (row, group), value in zip(cells, values, strict=True):
-        by_group[row, group] = value
-        scored_group[row, group] = True
-    total = by_group[:, groups]  # each column takes its group's value
+
+
+def cross_score(
+    backend: Backend,
+    traces: Sequence[Trace],
+    prompt_ids: Sequence[Sequence[int]],
+    progress: ProgressHook,
+    *,
+    negatives: int | None = None,
+    seed: int = 0,
+    flow: bool = False,
+) -> CrossScores:
+    """Score the valid traces under every prompt, or under their own and `negatives` sampled
+    others; with `flow`, the action matrices of the flow-valid traces too, in the same call.
+    Duplicate prompts are scored once and their column copied; entries not scored are NaN and
+    marked in the matrix's `scored` mask."""
+    if negatives is not None and negatives < 1:
+        raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
+    groups = column_groups(prompt_ids)
+    rows = [i for i, t in enumerate(traces) if t.valid]
+    valid = [traces[i] for i in rows]
+    own = groups[[t.prompt_index for t in valid]] if valid else np.zeros(0, np.int64)
+    plan = Plan()
+    plan_reasoning(plan, valid, prompt_ids, scored_groups(own, groups, negatives, seed))
+    flow_rows = [i for i, t in enumerate(traces) if t.flow_valid] if flow else []
+    acting = [traces[i] for i in flow_rows]
+    acting_own = groups[[t.prompt_index for t in acting]] if acting else np.zeros(0, np.int64)
+    plan_flow(
+        plan, acting, prompt_ids, acting_own,
+        scored_groups(acting_own, groups, negatives, seed + 1),
+        chosen_traces(acting_own, negatives, seed),
+    )  # fmt: skip
+    values = backend.loglikelihood(plan.requests, progress("scoring", len(plan.requests)))
+    check_finite(values)
     lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)
+    total = plan.fill(values, "z", (len(valid), len(groups)))[:, groups]
     matrix = CrossLogProbs(
         sum=total,
         mean=total / lengths[:, None] if len(valid) else total,
         row_prompt=np.array([t.prompt_index for t in valid], dtype=np.int64),
         column_group=groups,
-        scored=scored_group[:, groups],
+        scored=np.isfinite(total),
     )
-    return CrossScores(matrix, np.array(rows, dtype=np.int64), lengths)
+    responses = np.bincount([t.prompt_index for t in traces], minlength=len(groups))
+    flow_scores = (
+        flow_matrices(plan, values, acting, groups, flow_rows, responses) if flow else None
+    )
+    return CrossScores(matrix, np.array(rows, dtype=np.int64), lengths, flow_scores)
+
+
+def flow_matrices(
+    plan: Plan,
+    values: np.ndarray,
+    acting: Sequence[Trace],
+    groups: np.ndarray,
+    rows: Sequence[int],
+    responses: np.ndarray,
+) -> FlowScores:
+    """The three action matrices of the flow-valid traces (SPEC "Information flow")."""
+    m = len(acting)
+    prompts = np.array([t.prompt_index for t in acting], dtype=np.int64)
+    reasoning = plan.fill(values, "reasoning", (m, m))
+    same_prompt = groups[prompts][:, None] == groups[prompts][None, :]
+    logprobs = FlowLogProbs(
+        input=plan.fill(values, "input", (m, len(groups)))[:, groups],
+        reasoning=reasoning,
+        natural=np.where(same_prompt, reasoning, plan.fill(values, "natural", (m, m))),
+        row_prompt=prompts,
+        column_group=groups,
+        reasoning_group=first_of_each([t.prefix_ids + t.reasoning_ids for t in acting]),
+        actions=[t.action for t in acting],
+        responses_per_prompt=responses.astype(float),
+    )
+    tokens = np.array([len(t.action_ids) for t in acting], dtype=np.int64)
+    return FlowScores(logprobs, np.array(rows, dtype=np.int64), tokens)

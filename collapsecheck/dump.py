@@ -14,9 +14,10 @@ from typing import IO, Any
 import numpy as np
 
 from collapsecheck.backends.base import Sample
-from collapsecheck.cross_scoring import CrossScores, column_groups
+from collapsecheck.cross_scoring import CrossScores, FlowScores, column_groups, first_of_each
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_atomic, write_jsonl_atomic
+from collapsecheck.flow import FlowLogProbs
 from collapsecheck.metrics import CrossLogProbs, PromptCounts, count_per_prompt
 from collapsecheck.prompts import Prompt, RenderedPrompt, file_sha256
 from collapsecheck.reasoning import Trace
@@ -24,6 +25,7 @@ from collapsecheck.reasoning import Trace
 PROMPTS_FILE = "prompts.jsonl"
 TRACES_FILE = "traces.jsonl"
 MATRIX_FILE = "cross_logprobs.npz"
+FLOW_FILE = "action_logprobs.npz"
 REPORT_FILE = "report.json"
 
 
@@ -43,6 +45,10 @@ def trace_rows(traces: Sequence[Trace]) -> list[dict[str, Any]]:
             "reasoning": t.reasoning,
             "valid": t.valid,
             "truncated": t.truncated,
+            "mid_ids": list(t.mid_ids),
+            "action_ids": list(t.action_ids),
+            "action": t.action,
+            "flow_valid": t.flow_valid,
         }
         for t in traces
     ]
@@ -69,6 +75,24 @@ def write_matrix(directory: Path, scores: CrossScores) -> None:
         )
 
     write_atomic(directory / MATRIX_FILE, "wb", save)
+    if scores.flow is not None:
+        write_flow(directory, scores.flow)
+
+
+def write_flow(directory: Path, flow: FlowScores) -> None:
+    """SPEC's action_logprobs.npz: the three action matrices (NaN where not scored)."""
+
+    def save(stream: IO[bytes]) -> None:
+        np.savez(
+            stream,
+            input=flow.logprobs.input,
+            reasoning=flow.logprobs.reasoning,
+            natural=flow.logprobs.natural,
+            row_trace_index=flow.row_trace_index,
+            action_tokens=flow.action_tokens,
+        )
+
+    write_atomic(directory / FLOW_FILE, "wb", save)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -83,6 +107,38 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as err:
             raise CollapsecheckError(f"{path}:{number}: malformed JSON ({err.msg})") from None
     return rows
+
+
+def read_flow(directory: str | Path) -> FlowLogProbs | None:
+    """The action matrices of a dump, with what the flow metrics need from its traces; None
+    when the dump has none (the flow was not measured)."""
+    directory = Path(directory)
+    if not (directory / FLOW_FILE).is_file():
+        return None
+    prompts = read_jsonl(directory / PROMPTS_FILE)
+    traces = read_jsonl(directory / TRACES_FILE)
+    try:
+        with np.load(directory / FLOW_FILE) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        acting = [traces[int(i)] for i in arrays["row_trace_index"]]
+        return FlowLogProbs(
+            input=arrays["input"],
+            reasoning=arrays["reasoning"],
+            natural=arrays["natural"],
+            row_prompt=np.array([t["prompt_index"] for t in acting], dtype=np.int64),
+            column_group=column_groups([row["ids"] for row in prompts]),
+            reasoning_group=first_of_each(
+                [tuple(t["prefix_ids"] + t["reasoning_ids"]) for t in acting]
+            ),
+            actions=[t["action"] for t in acting],
+            responses_per_prompt=np.bincount(
+                [t["prompt_index"] for t in traces], minlength=len(prompts)
+            ).astype(float),
+        )
+    except (KeyError, ValueError, OSError, IndexError) as err:
+        raise CollapsecheckError(
+            f"{directory / FLOW_FILE}: not a complete flow dump ({err})"
+        ) from None
 
 
 def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:

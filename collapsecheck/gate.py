@@ -29,16 +29,19 @@ class RuleResult:
 
 def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
     """The regime rule, then one rule per metric minimum."""
-    regime = report.verdict.regime
     listed = ", ".join(sorted(gate.fail_on)) or "none"
-    results = [
-        RuleResult(
-            "regime",
-            regime not in gate.fail_on,
-            f"verdict {regime} {'is' if regime in gate.fail_on else 'is not'} in --fail-on "
-            f"({listed}): {report.verdict.reason}",
+    results = []
+    for name, verdict in (("regime", report.verdict), ("flow", report.flow)):
+        regime = verdict.regime
+        failed = regime in gate.fail_on
+        results.append(
+            RuleResult(
+                name,
+                not failed,
+                f"{'flow ' if name == 'flow' else ''}verdict {regime} "
+                f"{'is' if failed else 'is not'} in --fail-on ({listed}): {verdict.reason}",
+            )
         )
-    ]
     for key, minimum in sorted(gate.minimums.items()):
         if key not in report.metrics:
             raise CollapsecheckError(f"min.{key}: no such metric (see docs/SPEC.md)")
@@ -88,14 +91,15 @@ def _cell(report: Report, key: str) -> str:
 def markdown_run(run: RunReport) -> list[str]:
     """The run's table and onset, in Markdown."""
     lines = [
-        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/token | regime |",
-        "|---|---|---|---|---|",
+        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/token | regime | flow |",
+        "|---|---|---|---|---|---|",
     ]
     for step in run.steps:
         report = step.report
         cells = [_cell(report, key) for key in RUN_KEYS]
         lines.append(
-            f"| {step.checkpoint.label} | {' | '.join(cells)} | `{report.verdict.regime}` |"
+            f"| {step.checkpoint.label} | {' | '.join(cells)} | `{report.verdict.regime}` "
+            f"| `{report.flow.regime}` |"
         )
     onset = f"step {run.onset_step} ({run.onset.kind}): {run.onset.reason}" if run.onset else "none"
     return [*lines, "", f"**Onset:** {onset}", ""]
@@ -115,6 +119,8 @@ def markdown_report(
         + (f" ({report.verdict.style})" if report.verdict.style else "")
         + (" (partial)" if report.verdict.partial else "")
         + f": {report.verdict.reason}",
+        "",
+        f"**Flow: `{report.flow.regime}`**: {report.flow.reason}",
         "",
         "| metric | value [95% interval] |",
         "|---|---|",

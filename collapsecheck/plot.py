@@ -79,9 +79,12 @@ def _along_steps(ax, run: RunReport) -> None:
     thresholds = run.steps[0].report.thresholds
     for level in (thresholds.dependence_high, thresholds.dependence_collapsed):
         ax.axhline(level, color="0.55", lw=0.8, ls=":")
+    measured = any(step.report.flow.regime != "not_measured" for step in run.steps)
+    flow_lines = (("action_reasoning_share", "reasoning->action (flow)", "#7b1fa2"),)
     for key, label, colour in (
         ("normalized_mi", "normalized MI", "#1f5fa8"),
         ("retrieval_skill", "retrieval skill", "#d9730d"),
+        *(flow_lines if measured else ()),
     ):
         values, low, high = _series(run, key)
         ax.fill_between(x, low, high, color=colour, alpha=0.2, lw=0)

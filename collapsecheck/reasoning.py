@@ -17,7 +17,24 @@ from collapsecheck.errors import CollapsecheckError
 
 Decode = Callable[[Sequence[int]], str]
 
-TAGS, REGEX, WHOLE = "tags", "regex", "whole"
+TAGS, REGEX, WHOLE, AFTER = "tags", "regex", "whole", "after"
+
+
+def _check_regex(regex: str | None, option: str) -> None:
+    try:
+        pattern = re.compile(regex or "")
+    except re.error as err:
+        raise CollapsecheckError(f"{option}: invalid pattern ({err})") from None
+    if not regex or pattern.groups > 1:
+        raise CollapsecheckError(f"{option} needs a pattern with at most one capture group")
+
+
+def split_tags(tags: str, option: str) -> tuple[str, str]:
+    """The CLI form `OPEN,CLOSE` of a tag pair."""
+    parts = tags.split(",")
+    if len(parts) != 2:
+        raise CollapsecheckError(f"{option} expects OPEN,CLOSE, got {tags!r}")
+    return parts[0], parts[1]
 
 
 @dataclass(frozen=True)
@@ -35,22 +52,12 @@ class ReasoningSpec:
         if self.mode == TAGS and not (self.open_tag and self.close_tag):
             raise CollapsecheckError("--reasoning-tags needs two non-empty tags: OPEN,CLOSE")
         if self.mode == REGEX:
-            try:
-                pattern = re.compile(self.regex or "")
-            except re.error as err:
-                raise CollapsecheckError(f"--reasoning-regex: invalid pattern ({err})") from None
-            if not self.regex or pattern.groups > 1:
-                raise CollapsecheckError(
-                    "--reasoning-regex needs a pattern with at most one capture group"
-                )
+            _check_regex(self.regex, "--reasoning-regex")
 
     @classmethod
     def from_tags(cls, tags: str) -> ReasoningSpec:
         """Parse the CLI form `OPEN,CLOSE`."""
-        parts = tags.split(",")
-        if len(parts) != 2:
-            raise CollapsecheckError(f"--reasoning-tags expects OPEN,CLOSE, got {tags!r}")
-        return cls(TAGS, parts[0], parts[1])
+        return cls(TAGS, *split_tags(tags, "--reasoning-tags"))
 
     def describe(self) -> str:
         if self.mode == TAGS:
@@ -93,15 +100,19 @@ def closes_reasoning(prompt_text: str, spec: ReasoningSpec) -> bool:
 
 def _character_span(
     text: str, spec: ReasoningSpec, truncated: bool, opened: bool
-) -> tuple[int, int] | None:
+) -> tuple[int, int, int] | None:
+    """Z's characters [start, end) in the response text, and where what follows Z begins
+    (after its close tag)."""
     if spec.mode == WHOLE:
-        return 0, len(text)
+        return 0, len(text), len(text)
     if spec.mode == REGEX:
         match = re.search(spec.regex or "", text, flags=re.DOTALL)
         if match is None:
             return None
         group = 1 if match.re.groups else 0
-        return (match.start(group), match.end(group)) if match.start(group) >= 0 else None
+        if match.start(group) < 0:
+            return None
+        return match.start(group), match.end(group), match.end()
     if opened:  # the prompt opened the reasoning: it starts with the response
         start = 0
     else:
@@ -112,8 +123,8 @@ def _character_span(
     closed = text.find(spec.close_tag, start)
     if closed < 0:
         # SPEC: a trace cut by the length limit keeps what it produced up to the limit.
-        return (start, len(text)) if truncated else None
-    return start, closed
+        return (start, len(text), len(text)) if truncated else None
+    return start, closed, closed + len(spec.close_tag)
 
 
 def _first_token_reaching(ids: Sequence[int], decode: Decode, chars: int) -> int:
@@ -128,6 +139,18 @@ def _first_token_reaching(ids: Sequence[int], decode: Decode, chars: int) -> int
     return low
 
 
+def _token_span(
+    ids: Sequence[int], decode: Decode, text: str, char_start: int, char_end: int
+) -> ReasoningSpan | None:
+    """The run of tokens lying wholly inside [char_start, char_end) of the decoded text."""
+    start = _first_token_reaching(ids, decode, char_start)
+    if char_end >= len(text):
+        end = len(ids)
+    else:
+        end = _first_token_reaching(ids, decode, char_end + 1) - 1
+    return ReasoningSpan(start, end) if end > start else None
+
+
 def locate_reasoning(
     ids: Sequence[int],
     decode: Decode,
@@ -138,19 +161,70 @@ def locate_reasoning(
 ) -> ReasoningSpan | None:
     """Token span of Z in a response, or None when it has no (or an empty) reasoning segment.
     `opened`: the prompt ended with the open tag, so Z starts at the response's first token."""
+    return locate_segments(ids, decode, spec, None, truncated=truncated, opened=opened)[0]
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """Which part of a response after Z is the action A (SPEC "Information flow")."""
+
+    mode: str = TAGS
+    open_tag: str = "<answer>"
+    close_tag: str = "</answer>"
+    regex: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in (TAGS, REGEX, AFTER):
+            raise CollapsecheckError(f"unknown action mode {self.mode!r}")
+        if self.mode == TAGS and not (self.open_tag and self.close_tag):
+            raise CollapsecheckError("--action-tags needs two non-empty tags: OPEN,CLOSE")
+        if self.mode == REGEX:
+            _check_regex(self.regex, "--action-regex")
+
+    def to_dict(self) -> dict[str, str | None]:
+        if self.mode == TAGS:
+            return {"mode": TAGS, "open_tag": self.open_tag, "close_tag": self.close_tag}
+        return {"mode": REGEX, "regex": self.regex} if self.mode == REGEX else {"mode": AFTER}
+
+    def characters(self, text: str, after: int) -> tuple[int, int] | None:
+        """A's characters in the response text, searched from `after` (the end of Z)."""
+        if self.mode == AFTER:
+            return after, len(text)
+        if self.mode == REGEX:
+            match = re.compile(self.regex or "", flags=re.DOTALL).search(text, after)
+            if match is None:
+                return None
+            group = 1 if match.re.groups else 0
+            return (match.start(group), match.end(group)) if match.start(group) >= 0 else None
+        found = text.find(self.open_tag, after)
+        if found < 0:
+            return None
+        start = found + len(self.open_tag)
+        closed = text.find(self.close_tag, start)
+        return (start, closed) if closed >= 0 else None
+
+
+def locate_segments(
+    ids: Sequence[int],
+    decode: Decode,
+    spec: ReasoningSpec,
+    action: ActionSpec | None,
+    *,
+    truncated: bool,
+    opened: bool = False,
+) -> tuple[ReasoningSpan | None, ReasoningSpan | None]:
+    """Token spans of Z and of the action after it (None where there is none, or it is
+    empty)."""
     text = decode(ids)
     chars = _character_span(text, spec, truncated, opened)
     if chars is None:
-        return None
-    char_start, char_end = chars
-    start = _first_token_reaching(ids, decode, char_start)
-    if char_end >= len(text):
-        end = len(ids)
-    else:
-        end = _first_token_reaching(ids, decode, char_end + 1) - 1
-    if end <= start:
-        return None
-    return ReasoningSpan(start, end)
+        return None, None
+    reasoning = _token_span(ids, decode, text, chars[0], chars[1])
+    action_chars = action.characters(text, chars[2]) if action and reasoning else None
+    if action_chars is None:
+        return reasoning, None
+    acted = _token_span(ids, decode, text, *action_chars)
+    return reasoning, acted if acted and acted.start >= reasoning.end else None
 
 
 @dataclass(frozen=True)
@@ -164,10 +238,30 @@ class Trace:
     truncated: bool
     span: ReasoningSpan | None
     reasoning: str
+    action_span: ReasoningSpan | None = None
+    action: str = ""
 
     @property
     def valid(self) -> bool:
         return self.span is not None
+
+    @property
+    def flow_valid(self) -> bool:
+        """A scoreable Z followed by a non-empty action (SPEC "Information flow")."""
+        return self.span is not None and self.action_span is not None
+
+    @property
+    def mid_ids(self) -> tuple[int, ...]:
+        """The tokens between the end of Z and the start of A (`</think><answer>`, say)."""
+        if not self.flow_valid:
+            return ()
+        return self.response_ids[self.span.end : self.action_span.start]
+
+    @property
+    def action_ids(self) -> tuple[int, ...]:
+        if not self.flow_valid:
+            return ()
+        return self.response_ids[self.action_span.start : self.action_span.end]
 
     @property
     def prefix_ids(self) -> tuple[int, ...]:
@@ -183,19 +277,30 @@ def extract_traces(
     decode: Decode,
     spec: ReasoningSpec,
     opened: Sequence[bool] | None = None,
+    action: ActionSpec | None = None,
 ) -> list[Trace]:
     """Traces in prompt-major order from the backend's samples, K per prompt. `opened[i]`:
-    prompt i's rendering opened the reasoning (`opens_reasoning`)."""
+    prompt i's rendering opened the reasoning (`opens_reasoning`); `action`: where the
+    action is, when the flow is measured."""
     traces = []
     for prompt_index, prompt_samples in enumerate(samples):
         inside = bool(opened[prompt_index]) if opened is not None else False
         for sample_index, sample in enumerate(prompt_samples):
             ids = sample.ids
-            span = locate_reasoning(ids, decode, spec, truncated=sample.truncated, opened=inside)
-            reasoning = decode(ids[span.start : span.end]) if span else ""
+            span, acted = locate_segments(
+                ids, decode, spec, action, truncated=sample.truncated, opened=inside
+            )
             traces.append(
                 Trace(
-                    prompt_index, sample_index, ids, decode(ids), sample.truncated, span, reasoning
+                    prompt_index,
+                    sample_index,
+                    ids,
+                    decode(ids),
+                    sample.truncated,
+                    span,
+                    decode(ids[span.start : span.end]) if span else "",
+                    acted,
+                    decode(ids[acted.start : acted.end]) if acted else "",
                 )
             )
     return traces

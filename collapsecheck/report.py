@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.flow import NOT_MEASURED, FlowThresholds, FlowVerdict
 from collapsecheck.metrics import Estimate, MetricValue, point_value
 from collapsecheck.verdict import Thresholds, Verdict
 
 REPORT_FORMAT = 1
+NO_FLOW = {"regime": NOT_MEASURED, "reason": "a report written before the flow was measured"}
 
 # The metrics shown in the terminal and in `Report.summary()`, in reading order.
 KEY_METRICS = (
@@ -28,11 +30,25 @@ KEY_METRICS = (
     "valid_reasoning_rate",
     "truncated_rate",
 )
+# The flow's metrics, shown where it was measured (SPEC "Information flow").
+FLOW_METRICS = (
+    "action_state_share",
+    "action_reasoning_share",
+    "action_input_share",
+    "action_state_nmi",
+    "distinct_action_rate",
+    "valid_action_rate",
+)
 
 
 def _json_number(x: float) -> float | None:
     """JSON has no NaN: an undefined number is written as null."""
     return None if math.isnan(x) or math.isinf(x) else x
+
+
+def _fields_of(kind: type, values: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(kind)}
+    return {k: v for k, v in values.items() if k in names}
 
 
 def metric_to_json(metric: MetricValue) -> Any:
@@ -56,9 +72,11 @@ class Report:
 
     metrics: dict[str, MetricValue]
     verdict: Verdict
+    flow: FlowVerdict
     thresholds: Thresholds
     settings: dict[str, Any]
     counts: dict[str, int | float]
+    flow_thresholds: FlowThresholds = field(default_factory=FlowThresholds)
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
     # what a reader of the numbers must know (sampling other than the policy's own, say)
@@ -74,8 +92,9 @@ class Report:
         return {
             "format": REPORT_FORMAT,
             "verdict": self.verdict.to_dict(),
+            "flow": self.flow.to_dict(),
             "metrics": {k: metric_to_json(v) for k, v in self.metrics.items()},
-            "thresholds": vars(self.thresholds).copy(),
+            "thresholds": {**vars(self.thresholds), **vars(self.flow_thresholds)},
             "counts": self.counts,
             "settings": self.settings,
             "examples": self.examples,
@@ -111,7 +130,11 @@ class Report:
             verdict=Verdict(
                 verdict["regime"], verdict.get("style"), bool(verdict["partial"]), verdict["reason"]
             ),
-            thresholds=Thresholds(**data.get("thresholds", {})),
+            flow=FlowVerdict(**data.get("flow") or NO_FLOW),
+            thresholds=Thresholds(**_fields_of(Thresholds, data.get("thresholds", {}))),
+            flow_thresholds=FlowThresholds(
+                **_fields_of(FlowThresholds, data.get("thresholds", {}))
+            ),
             settings=data.get("settings", {}),
             counts=data.get("counts", {}),
             examples=data.get("examples", []),

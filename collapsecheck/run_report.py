@@ -9,6 +9,7 @@ from typing import Any
 
 from collapsecheck.discovery import RunCheckpoint
 from collapsecheck.files import write_text_atomic
+from collapsecheck.flow import SHARE_KEYS as FLOW_SHARES
 from collapsecheck.metrics import point_value
 from collapsecheck.onset import Onset
 from collapsecheck.report import KEY_METRICS, Report
@@ -65,6 +66,8 @@ class RunReport:
             row: dict[str, Any] = {"step": step.checkpoint.label}
             row.update({key: point_value(metrics[key]) for key in (*KEY_METRICS, *EMA_KEYS)})
             row["regime"] = step.report.verdict.regime
+            row["flow"] = step.report.flow.regime
+            row.update({key: point_value(metrics[key]) for key in FLOW_SHARES if key in metrics})
             rows.append(row)
         return pd.DataFrame(rows).set_index("step")
 

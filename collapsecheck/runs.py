@@ -11,6 +11,7 @@ from collapsecheck.cache import default_cache_root, scan_key
 from collapsecheck.checkpoint import Checkpoint, require_checkpoint
 from collapsecheck.discovery import RunCheckpoint, require_run
 from collapsecheck.dump import REPORT_FILE
+from collapsecheck.flow import NOT_MEASURED, FlowThresholds, decide_flow
 from collapsecheck.metrics import apply_run_ema
 from collapsecheck.onset import ONSET_METRIC, Onset, detect_onset
 from collapsecheck.progress import ProgressHook, silent
@@ -29,6 +30,7 @@ def cached_scan(
     cache_root: str | Path | None = None,
     rescan: bool = False,
     thresholds: Thresholds | None = None,
+    flow_thresholds: FlowThresholds | None = None,
     progress: ProgressHook = silent,
     **flags: Any,
 ) -> Report:
@@ -46,6 +48,9 @@ def cached_scan(
         report = Report.load(saved)
         report.thresholds = thresholds or Thresholds()
         report.verdict = decide(report.metrics, report.thresholds)
+        report.flow_thresholds = flow_thresholds or FlowThresholds()
+        if report.flow.regime != NOT_MEASURED:
+            report.flow = decide_flow(report.metrics, report.flow_thresholds)
         report.settings["checkpoint"] = str(checkpoint.path)
         report.timing = {**report.timing, "cached": True}
         return report
@@ -56,6 +61,7 @@ def cached_scan(
         dump=entry,
         resume=True,
         thresholds=thresholds,
+        flow_thresholds=flow_thresholds,
         progress=progress,
     )
 
@@ -82,6 +88,7 @@ def scan_run(
     cache_root: str | Path | None = None,
     rescan: bool = False,
     thresholds: Thresholds | None = None,
+    flow_thresholds: FlowThresholds | None = None,
     progress: ProgressHook = silent,
     **flags: Any,
 ) -> RunReport:
@@ -102,6 +109,7 @@ def scan_run(
             cache_root=cache_root,
             rescan=rescan,
             thresholds=thresholds,
+            flow_thresholds=flow_thresholds,
             progress=for_step(progress, checkpoint.label),
         )
         steps.append(RunStep(checkpoint, report))

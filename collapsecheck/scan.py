@@ -10,6 +10,7 @@ traces exist, so they report exactly alike.
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from collections.abc import Iterator, Sequence
@@ -24,7 +25,7 @@ import numpy as np
 from collapsecheck.backends.base import Backend, Sample, SamplingParams
 from collapsecheck.backends.registry import load_backend
 from collapsecheck.checkpoint import Checkpoint, require_checkpoint
-from collapsecheck.cross_scoring import CrossScores, column_groups, cross_score, request_count
+from collapsecheck.cross_scoring import CrossScores, column_groups, cross_score
 from collapsecheck.dump import (
     PROMPTS_FILE,
     REPORT_FILE,
@@ -36,6 +37,13 @@ from collapsecheck.dump import (
 )
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked
+from collapsecheck.flow import (
+    FLOW_KEYS,
+    FlowThresholds,
+    compute_flow_metrics,
+    decide_flow,
+    not_measured_reason,
+)
 from collapsecheck.metrics import compute_metrics, count_per_prompt
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.prompts import (
@@ -278,15 +286,26 @@ def score_traces(
         raise CollapsecheckError(
             f"no response had a reasoning segment {spec.describe()} (0 of {len(traces)}); " + hint
         )
-    total = request_count(traces, prepared.ids, negatives)
     return cross_score(
         backend,
         traces,
         prepared.ids,
-        progress("scoring", total),
+        progress,
         negatives=negatives,
         seed=settings.analysis.seed,
+        flow=settings.scoring.action is not None,
     )
+
+
+def measure_flow(
+    scores: CrossScores, analysis: AnalysisSettings, skipped: bool
+) -> tuple[dict[str, Any], str | None]:
+    """SPEC "Information flow" metrics (NaN where not measured) and why they were not."""
+    flow = scores.flow.logprobs if scores.flow is not None else None
+    reason = "--no-flow" if skipped else not_measured_reason(flow)
+    if reason is not None:
+        return {key: math.nan for key in FLOW_KEYS}, reason
+    return compute_flow_metrics(flow, resamples=analysis.bootstrap, seed=analysis.seed), None
 
 
 def measure(
@@ -348,6 +367,7 @@ class Diagnosis:
 
     settings: Settings
     thresholds: Thresholds
+    flow_thresholds: FlowThresholds
     recorded: dict[str, Any]  # the report's settings known before scoring (source, sampling)
     timing: dict[str, Any]
     dump_dir: Path | None
@@ -375,6 +395,7 @@ def report_settings(
         "chat_template_kwargs": prompts.chat_template_kwargs,
         "num_prompts": len(prepared.rendered),
         "reasoning": scoring.reasoning.to_dict(),
+        "action": scoring.action.to_dict() if scoring.action else None,
         "cross_scoring": {"negatives": negatives, "estimator": estimator},
         "bootstrap_resamples": diagnosis.settings.analysis.bootstrap,
         **backend.describe(),
@@ -389,7 +410,7 @@ def diagnose(
     and (with a dump directory) the SPEC dump, each file as soon as it is known."""
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
     spec = settings.scoring.reasoning
-    traces = extract_traces(samples, backend.decode, spec, prepared.opened)
+    traces = extract_traces(samples, backend.decode, spec, prepared.opened, settings.scoring.action)
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
     started = time.perf_counter()
@@ -400,10 +421,14 @@ def diagnose(
     metrics = measure(
         scores, traces, len(prepared.rendered), settings.analysis, diagnosis.recorded["checkpoint"]
     )
+    flow_metrics, not_measured = measure_flow(scores, settings.analysis, settings.scoring.no_flow)
+    metrics.update(flow_metrics)
     report = Report(
         metrics=metrics,
         verdict=decide(metrics, diagnosis.thresholds),
+        flow=decide_flow(metrics, diagnosis.flow_thresholds, not_measured),
         thresholds=diagnosis.thresholds,
+        flow_thresholds=diagnosis.flow_thresholds,
         settings=report_settings(diagnosis, prepared, scores, backend),
         counts=trace_counts(prepared, traces, scores),
         examples=example_traces(traces, prepared),
@@ -424,6 +449,7 @@ def trace_counts(
         "distinct_prompts": len(set(prepared.groups.tolist())),
         "responses": len(traces),
         "scored_traces": len(scores.row_trace_index),
+        "flow_valid_traces": len(scores.flow.row_trace_index) if scores.flow else 0,
         "truncated_responses": sum(t.truncated for t in traces),
         "prompts_opening_reasoning": sum(prepared.opened),
         "reasoning_tokens_mean": float(scores.reasoning_tokens.mean()),
@@ -457,6 +483,7 @@ def scan(
     settings: Settings | None = None,
     *,
     thresholds: Thresholds | None = None,
+    flow_thresholds: FlowThresholds | None = None,
     dump: str | Path | None = None,
     resume: bool = False,
     progress: ProgressHook = silent,
@@ -492,8 +519,8 @@ def scan(
                 "sampling_s": _elapsed(loaded),
             }
             diagnosis = Diagnosis(
-                settings, thresholds or Thresholds(), recorded, timing, dump_dir, progress,
-                sampling_warnings(params),
+                settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
+                recorded, timing, dump_dir, progress, sampling_warnings(params),
             )  # fmt: skip
             return diagnose(model, prepared, samples, diagnosis)
 
@@ -505,6 +532,7 @@ def score(
     *,
     rollout_options: RolloutOptions | None = None,
     thresholds: Thresholds | None = None,
+    flow_thresholds: FlowThresholds | None = None,
     dump: str | Path | None = None,
     progress: ProgressHook = silent,
     loaded: Backend | None = None,
@@ -527,6 +555,7 @@ def score(
             diagnosis = Diagnosis(
                 settings,
                 thresholds or Thresholds(),
+                flow_thresholds or FlowThresholds(),
                 recorded={
                     "checkpoint": checkpoint_name(checkpoint),
                     "prompts": data.settings["rollouts"],

@@ -23,11 +23,19 @@ from typing import Any
 
 from collapsecheck.backends.registry import AUTO, BACKEND_NAMES, SCORER_NAMES
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.reasoning import REGEX, WHOLE, ReasoningSpec
+from collapsecheck.reasoning import (
+    AFTER,
+    REGEX,
+    TAGS,
+    WHOLE,
+    ActionSpec,
+    ReasoningSpec,
+    split_tags,
+)
 
 # Bump when a code change alters the numbers of a scan whose settings are unchanged: the
 # results cache then recomputes instead of answering with stale numbers.
-NUMBERS_VERSION = 1
+NUMBERS_VERSION = 2
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
@@ -224,16 +232,29 @@ class ScoringSettings:
         None, "Score each trace under its own prompt and M sampled others, not all N.",
         numbers=True,
     )  # fmt: skip
+    action_tags: str | None = setting(
+        None, "Action between OPEN,CLOSE (default <answer>,</answer>).", numbers=True
+    )
+    action_regex: str | None = setting(
+        None, "Action matched by a regex after the reasoning (its group 1 if any).", numbers=True
+    )
+    action_after_reasoning: bool = setting(
+        False, "The action is everything after the reasoning's close tag.", numbers=True
+    )
+    no_flow: bool = setting(
+        False, "Skip the information flow (input -> reasoning -> action).", numbers=True
+    )
 
     def __post_init__(self) -> None:
-        given = [
-            flag_name(name)
-            for name in ("reasoning_tags", "reasoning_regex", "whole_response")
-            if getattr(self, name)
-        ]
-        _require(len(given) <= 1, f"choose one of {' and '.join(given)}, not both")
+        for names in (
+            ("reasoning_tags", "reasoning_regex", "whole_response"),
+            ("action_tags", "action_regex", "action_after_reasoning", "no_flow"),
+        ):
+            given = [flag_name(name) for name in names if getattr(self, name)]
+            _require(len(given) <= 1, f"choose one of {' and '.join(given)}, not both")
         _at_least(self.negatives, 1, "negatives")
-        self.reasoning  # noqa: B018  (builds the spec: a bad tag pair or regex fails here)
+        self.reasoning  # noqa: B018  (builds the specs: a bad tag pair or regex fails here)
+        self.action  # noqa: B018
 
     @property
     def reasoning(self) -> ReasoningSpec:
@@ -242,6 +263,17 @@ class ScoringSettings:
         if self.reasoning_regex:
             return ReasoningSpec(REGEX, regex=self.reasoning_regex)
         return ReasoningSpec(WHOLE) if self.whole_response else ReasoningSpec()
+
+    @property
+    def action(self) -> ActionSpec | None:
+        """Where the action is (SPEC "Information flow"); None with --no-flow."""
+        if self.no_flow:
+            return None
+        if self.action_tags:
+            return ActionSpec(TAGS, *split_tags(self.action_tags, "--action-tags"))
+        if self.action_regex:
+            return ActionSpec(REGEX, regex=self.action_regex)
+        return ActionSpec(AFTER) if self.action_after_reasoning else ActionSpec()
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,9 @@ RUN = [
 SIDE = [
     ("checkpoints/grounded-compressed", 0.0, "compressed", 1500),
     ("checkpoints/low-entropy-collapse", 1.0, "echo", 1000),
+    ("checkpoints/flow/faithful", 0.0, "faithful", 800),
+    ("checkpoints/flow/decorative", 0.0, "decorative", 800),
+    ("checkpoints/flow/action-collapse", 0.0, "action-collapse", 800),
 ]
 
 
@@ -121,8 +124,31 @@ def grounded_reasoning(agent, goal, move, rng: random.Random) -> str:
     )
 
 
+ALL_MOVES = ["up", "down", "left", "right"]
+MISREAD = 0.25  # the faithful policy's reasoning states a wrong move this often
+
+
+def flow_reasoning_and_move(agent, goal, style: str, rng: random.Random) -> tuple[str, str]:
+    """The flow demos (SPEC "Information flow"), each with one known flow:
+    - faithful: the reasoning restates the state and names a move, a wrong one a quarter of
+      the time (a misread); the action is always the move the reasoning names;
+    - decorative: the reasoning names a random move and nothing else; the action is the true
+      move, whatever the reasoning says;
+    - action collapse: grounded reasoning naming the true move; the action is drawn at random
+      whatever the input."""
+    true_move = useful_moves(agent, goal)[0]
+    if style == "faithful":
+        stated = rng.choice(ALL_MOVES) if rng.random() < MISREAD else true_move
+        return f"me {cell(agent)} goal {cell(goal)}, so {stated}", stated
+    if style == "decorative":
+        return f"i think {rng.choice(ALL_MOVES)}", true_move
+    return f"me {cell(agent)} goal {cell(goal)}, so {true_move}", rng.choice(ALL_MOVES)
+
+
 def reasoning_and_move(agent, goal, template_share: float, style: str, rng: random.Random):
     moves = useful_moves(agent, goal)
+    if style in ("faithful", "decorative", "action-collapse"):
+        return flow_reasoning_and_move(agent, goal, style, rng)
     if style == "echo":
         return ECHO, "up"
     if rng.random() < template_share:

@@ -58,12 +58,19 @@ class ScoreRequest:
     """Score `continuation[scored_from:]` given `context + continuation[:scored_from]`.
 
     Keeping the shared context (a prompt) apart from the per-request part lets a backend
-    compute each distinct context once.
+    compute each distinct context once. `stem`, when set, says that `continuation[:stem]` is
+    shared with other requests of the same context (a reasoning trace whose actions follow):
+    a backend may run it once and branch from it. It never changes the value.
     """
 
     context: tuple[int, ...]
     continuation: tuple[int, ...]
     scored_from: int = 0
+    stem: int | None = None
+
+    @property
+    def stem_length(self) -> int:
+        return len(self.continuation) if self.stem is None else self.stem
 
 
 class Backend(Protocol):

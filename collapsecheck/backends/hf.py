@@ -13,6 +13,7 @@ import functools
 import gc
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,38 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[tor
 def _positions_mask(starts: Sequence[int], ends: Sequence[int], width: int) -> torch.Tensor:
     position = torch.arange(width)[None, :]
     return (position >= torch.tensor(starts)[:, None]) & (position < torch.tensor(ends)[:, None])
+
+
+def _select_rows(cache: Any, rows: torch.Tensor) -> Any:
+    """A cache holding the given batch rows of `cache`, which stays as it is: each layer's
+    keys and values are indexed into new tensors, and nothing else is copied."""
+    clone = copy.copy(cache)
+    clone.layers = [copy.copy(layer) for layer in cache.layers]
+    clone.reorder_cache(rows)
+    return clone
+
+
+@dataclass
+class _StemGroup:
+    """The requests of one context, by stem, with the context's key/value cache."""
+
+    cache: Any
+    first_logits: torch.Tensor  # the context's logits for the first stem token
+    requests: Sequence[ScoreRequest]
+    keys: list[tuple[int, ...]]  # the distinct stems
+    members: dict[tuple[int, ...], list[int]]  # stem -> indices of its requests
+    out: np.ndarray
+
+
+@dataclass
+class _Stems:
+    """A batch of stems after their forward pass: what their branches continue from."""
+
+    cache: Any  # context + stems (right-padded to `width`)
+    last_logits: torch.Tensor  # per stem row, the logits for the first branch token
+    context_length: int
+    lengths: torch.Tensor  # per stem row, its own length
+    width: int
 
 
 class TransformersBackend:
@@ -333,19 +366,19 @@ class TransformersBackend:
         self,
         members: Sequence[int],
         lengths: Sequence[int],
-        score: Callable[[list[int]], np.ndarray],
-        out: np.ndarray,
+        score: Callable[[list[int]], int],
         progress: Progress,
     ) -> None:
-        """Score `members` in length-packed batches. On a CUDA out-of-memory error the batch
-        is split in two and retried, and later batches use the halved token budget."""
+        """Score `members` in length-packed batches; `score` writes the values of a batch and
+        says how many requests they answered. On a CUDA out-of-memory error the batch is split
+        in two and retried, and later batches use the halved token budget."""
         pending = [
             [members[p] for p in batch] for batch in length_batches(lengths, self.batch_tokens)
         ]
         while pending:
             batch = pending.pop(0)
             try:
-                out[batch] = score(batch)
+                done = score(batch)
             except torch.OutOfMemoryError:
                 if len(batch) == 1:
                     raise CollapsecheckError(
@@ -358,12 +391,12 @@ class TransformersBackend:
                 half = len(batch) // 2
                 pending[:0] = [batch[:half], batch[half:]]
                 continue
-            progress(len(batch))
+            progress(done)
 
     def _score_naive(
         self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
     ) -> None:
-        def score(batch: list[int]) -> np.ndarray:
+        def score(batch: list[int]) -> int:
             rows = [requests[i].context + requests[i].continuation for i in batch]
             ids = _right_pad(rows, self.pad_id, self.device)
             attention = _positions_mask([0] * len(rows), [len(r) for r in rows], ids.shape[1])
@@ -372,10 +405,11 @@ class TransformersBackend:
             starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
             ends = [len(r) - 1 for r in rows]
             mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
-            return masked_sums(token_logprobs(logits[:, :-1], ids[:, 1:]), mask)
+            out[batch] = masked_sums(token_logprobs(logits[:, :-1], ids[:, 1:]), mask)
+            return len(batch)
 
         lengths = [len(r.context) + len(r.continuation) for r in requests]
-        self._score_batches(range(len(requests)), lengths, score, out, progress)
+        self._score_batches(range(len(requests)), lengths, score, progress)
 
     def _prefill_contexts(
         self, contexts: Sequence[tuple[int, ...]]
@@ -399,33 +433,91 @@ class TransformersBackend:
     def _score_cached(
         self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
     ) -> None:
+        """Each distinct context is run once; each distinct stem once on top of it (packed by
+        length); each branch (an action after a reasoning, say) on top of its stem."""
         by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_context[request.context].append(index)
         for context, cache, first_logits in self._prefill_contexts(list(by_context)):
-            members = by_context[context]
-            score = functools.partial(self._score_continuations, cache, first_logits, requests)
-            lengths = [len(requests[i].continuation) for i in members]
-            self._score_batches(members, lengths, score, out, progress)
+            stems: dict[tuple[int, ...], list[int]] = defaultdict(list)
+            for index in by_context[context]:
+                request = requests[index]
+                stems[request.continuation[: request.stem_length]].append(index)
+            group = _StemGroup(cache, first_logits, requests, list(stems), stems, out)
+            score = functools.partial(self._score_stems, group)
+            self._score_batches(
+                range(len(group.keys)), [len(k) for k in group.keys], score, progress
+            )
 
-    def _score_continuations(
-        self,
-        cache: Any,
-        first_logits: torch.Tensor,
-        requests: Sequence[ScoreRequest],
-        batch: Sequence[int],
-    ) -> np.ndarray:
-        """Score the continuations of `requests[batch]`, which share one context, reusing the
-        context's key/value cache."""
-        requests = [requests[i] for i in batch]
-        rows = [r.continuation for r in requests]
+    def _score_stems(self, group: _StemGroup, batch: Sequence[int]) -> int:
+        """Run the stems `group.keys[batch]` on the context's key/value cache; write the values
+        of the requests that end with their stem, then score the branches off them."""
+        rows = [group.keys[b] for b in batch]
         ids = _right_pad(rows, self.pad_id, self.device)
-        batch_cache = copy.deepcopy(cache)
-        batch_cache.batch_repeat_interleave(len(rows))
-        logits = self.model(input_ids=ids, past_key_values=batch_cache, use_cache=True).logits
-        # continuation token 0 is predicted by the context's last logits, token t by logits[t-1]
-        first = token_logprobs(first_logits.expand(len(rows), -1)[:, None, :], ids[:, :1])
-        rest = token_logprobs(logits[:, :-1], ids[:, 1:])
-        starts = [r.scored_from for r in requests]
-        mask = _positions_mask(starts, [len(r) for r in rows], ids.shape[1]).to(self.device)
-        return masked_sums(torch.cat([first, rest], dim=1), mask)
+        context_length = group.cache.get_seq_length()
+        cache = copy.deepcopy(group.cache)
+        cache.batch_repeat_interleave(len(rows))
+        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        # stem token 0 is predicted by the context's last logits, token t by logits[t-1]
+        first = token_logprobs(group.first_logits.expand(len(rows), -1)[:, None, :], ids[:, :1])
+        logprobs = torch.cat([first, token_logprobs(logits[:, :-1], ids[:, 1:])], dim=1)
+        ends, branches = [], []
+        for b, key in enumerate(rows):
+            for index in group.members[key]:
+                request = group.requests[index]
+                target = ends if len(request.continuation) == len(key) else branches
+                target.append((b, index))
+        if ends:
+            picked = torch.tensor([b for b, _ in ends], device=self.device)
+            starts = [group.requests[i].scored_from for _, i in ends]
+            mask = _positions_mask(starts, [len(rows[b]) for b, _ in ends], ids.shape[1])
+            group.out[[i for _, i in ends]] = masked_sums(logprobs[picked], mask.to(self.device))
+        if branches:
+            lengths = torch.tensor([len(k) for k in rows], device=self.device)
+            last = logits[torch.arange(len(rows), device=self.device), lengths - 1]
+            stem = _Stems(cache, last, context_length, lengths, ids.shape[1])
+            self._score_branches(stem, group, branches)
+        return len(ends) + len(branches)
+
+    def _score_branches(
+        self, stem: _Stems, group: _StemGroup, branches: Sequence[tuple[int, int]]
+    ) -> None:
+        """Each distinct branch (stem row, tokens after the stem) once, on a copy of its stem
+        row's key/value cache: the stem's pad positions are masked out and the branch takes
+        the positions that follow the stem's own last token."""
+        unique: dict[tuple[int, tuple[int, ...], int], list[int]] = defaultdict(list)
+        for b, index in branches:
+            request = group.requests[index]
+            cut = request.stem_length
+            unique[(b, request.continuation[cut:], request.scored_from - cut)].append(index)
+        items = list(unique)
+        width = stem.context_length + stem.width
+        lengths = [width + len(tail) for _, tail, _ in items]
+        for chunk in length_batches(lengths, max(self.batch_tokens, max(lengths))):
+            chosen = [items[i] for i in chunk]
+            rows = torch.tensor([b for b, _, _ in chosen], device=self.device)
+            tails = [tail for _, tail, _ in chosen]
+            ids = _right_pad(tails, self.pad_id, self.device)
+            cache = _select_rows(stem.cache, rows)
+            stem_mask = _positions_mask([0] * len(rows), stem.lengths[rows].tolist(), stem.width)
+            attention = torch.cat(
+                [
+                    torch.ones(len(rows), stem.context_length, dtype=torch.long),
+                    stem_mask.long(),
+                    _positions_mask([0] * len(rows), [len(t) for t in tails], ids.shape[1]).long(),
+                ],
+                dim=1,
+            ).to(self.device)
+            offset = torch.arange(ids.shape[1], device=self.device)[None, :]
+            positions = stem.context_length + stem.lengths[rows][:, None] + offset
+            logits = self.model(
+                input_ids=ids, attention_mask=attention, position_ids=positions,
+                past_key_values=cache, use_cache=True,
+            ).logits  # fmt: skip
+            first = token_logprobs(stem.last_logits[rows][:, None, :], ids[:, :1])
+            logprobs = torch.cat([first, token_logprobs(logits[:, :-1], ids[:, 1:])], dim=1)
+            starts = [scored_from for _, _, scored_from in chosen]
+            mask = _positions_mask(starts, [len(t) for t in tails], ids.shape[1])
+            sums = masked_sums(logprobs, mask.to(self.device))
+            for key, value in zip(chosen, sums, strict=True):
+                group.out[unique[key]] = value

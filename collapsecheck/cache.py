@@ -57,4 +57,7 @@ def scan_key(checkpoint: Checkpoint, prompts: Path, settings: dict[str, Any]) ->
     digest.update(checkpoint_fingerprint(checkpoint).encode())
     _file_digest(prompts, digest)
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    reward_fn = settings.get("rewards", {}).get("reward_fn")
+    if reward_fn:  # the function's code changes the numbers as much as its name does
+        _file_digest(Path(reward_fn.partition(":")[0]), digest)
     return digest.hexdigest()[:KEY_LENGTH]

@@ -37,6 +37,7 @@ from collapsecheck.settings import (
     AnalysisSettings,
     LoadSettings,
     PromptSettings,
+    RewardSettings,
     SamplingSettings,
     ScoringSettings,
     Settings,
@@ -65,6 +66,7 @@ PANELS = {
     PromptSettings: "Prompts",
     ScoringSettings: "Reasoning and scoring",
     AnalysisSettings: "Analysis",
+    RewardSettings: "Rewards (why it collapsed)",
     LoadSettings: "Model and engine",
     GateSettings: "Gate",
 }
@@ -175,6 +177,59 @@ Markdown = Annotated[Path | None, typer.Option(help="Write a Markdown summary.")
 Dump = Annotated[
     Path | None, typer.Option(help="Write the SPEC dump of one checkpoint to this directory.")
 ]
+PerPrompt = Annotated[
+    Path | None,
+    typer.Option(help="Write the per-prompt table (CSV, or parquet by its extension)."),
+]
+KeepPrompts = Annotated[
+    Path | None,
+    typer.Option(
+        help="Write the prompts the SNR filter keeps, rows verbatim in the prompt file's "
+        "format, for the next training round (needs --reward-fn)."
+    ),
+]
+
+
+def write_per_prompt_table(report: Any, path: Path | None) -> None:
+    """--per-prompt: the table as CSV, or parquet by extension."""
+    if path is None:
+        return
+    from collapsecheck.files import write_atomic
+
+    frame = report.per_prompt_frame()
+    if path.suffix.lower() in (".parquet", ".pq"):
+        write_atomic(path, "wb", lambda stream: frame.to_parquet(stream))
+    else:
+        write_atomic(path, "w", lambda stream: frame.to_csv(stream))
+
+
+def write_kept_prompts(report: Any, prompt_file: Path, settings: Settings, path: Path) -> None:
+    """--keep-prompts: the rows of the prompts RAGEN's SNR filter keeps."""
+    from collapsecheck.prompts import load_prompts, write_prompt_rows
+
+    prompts = load_prompts(
+        prompt_file, num_prompts=settings.sampling.num_prompts,
+        field=settings.prompts.prompt_field,
+    )  # fmt: skip
+    kept = [prompts[i] for i in report.snr["kept_prompts"]]
+    write_prompt_rows(prompt_file, kept, path)
+    stderr.print(
+        f"kept {len(kept)} of {len(prompts)} prompts (SNR filter, top-p "
+        f"{settings.rewards.snr_top_p:g}) in {path}",
+        style="dim",
+    )
+
+
+def check_why_outputs(
+    keep_prompts: Path | None, prompts: Path | None, rewards: RewardSettings
+) -> None:
+    if keep_prompts is None:
+        return
+    from collapsecheck.prompts import check_same_format
+
+    if rewards.reward_fn is None:
+        raise CollapsecheckError("--keep-prompts needs rewards: give --reward-fn FILE.py")
+    check_same_format(require_prompts(prompts), keep_prompts, "--keep-prompts")
 
 
 def check_outputs(files: dict[str, Path | None], directories: dict[str, Path | None]) -> None:
@@ -272,6 +327,7 @@ def scan(
     rendering: PromptSettings,
     scoring: ScoringSettings,
     analysis: AnalysisSettings,
+    rewards: RewardSettings,
     load: LoadSettings,
     gate_settings: GateSettings,
     prompts: Prompts = None,
@@ -282,6 +338,8 @@ def scan(
     plot: Annotated[Path | None, typer.Option(help="Draw a run's picture to this PNG.")] = None,
     junit: Junit = None,
     markdown: Markdown = None,
+    per_prompt: PerPrompt = None,
+    keep_prompts: KeepPrompts = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.console import progress_bars
@@ -289,10 +347,11 @@ def scan(
     from collapsecheck.runs import cached_scan, scan_run
     from collapsecheck.scan import scan as run_scan
 
-    settings = Settings(load, sampling, rendering, scoring, analysis)
+    settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = gate_settings.load()
         prompt_file = require_prompts(prompts)
+        check_why_outputs(keep_prompts, prompts, rewards)
         single, run = find_checkpoints(checkpoint, load.base_model)
         if dump is not None and (run or out is not None):
             raise CollapsecheckError(
@@ -302,9 +361,10 @@ def scan(
         if plot is not None and not run:
             raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
         check_outputs(
-            {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot},
+            {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot,
+             "--per-prompt": per_prompt, "--keep-prompts": keep_prompts},
             {"--dump": dump, "--out": out},
-        )
+        )  # fmt: skip
         common = {"thresholds": gate.thresholds, "flow_thresholds": gate.flow_thresholds}
         with progress_bars(stderr) as progress:
             common["progress"] = progress
@@ -319,6 +379,10 @@ def scan(
                 )
             else:
                 report = run_scan(single, prompt_file, settings, dump=dump, **common)
+        latest = report.steps[-1].report if run else report
+        write_per_prompt_table(latest, per_prompt)
+        if keep_prompts is not None and latest.snr is not None:
+            write_kept_prompts(latest, prompt_file, settings, keep_prompts)
     if run:
         gate_run_report(report, gate, str(checkpoint), json_path, markdown, junit, plot)
     else:
@@ -334,6 +398,7 @@ def score(
     rendering: PromptSettings,
     scoring: ScoringSettings,
     analysis: AnalysisSettings,
+    rewards: RewardSettings,
     load: LoadSettings,
     gate_settings: GateSettings,
     checkpoint: Annotated[
@@ -358,18 +423,23 @@ def score(
     dump: Dump = None,
     junit: Junit = None,
     markdown: Markdown = None,
+    per_prompt: PerPrompt = None,
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
     from collapsecheck.console import progress_bars
     from collapsecheck.rollouts import RolloutOptions
     from collapsecheck.scan import score as run_score
 
-    settings = Settings(load=load, prompts=rendering, scoring=scoring, analysis=analysis)
+    settings = Settings(
+        load=load, prompts=rendering, scoring=scoring, analysis=analysis, rewards=rewards
+    )
     with user_errors():
         gate = gate_settings.load()
         check_outputs(
-            {"--json": json_path, "--markdown": markdown, "--junit": junit}, {"--dump": dump}
-        )
+            {"--json": json_path, "--markdown": markdown, "--junit": junit,
+             "--per-prompt": per_prompt},
+            {"--dump": dump},
+        )  # fmt: skip
         options = RolloutOptions(
             prompt_field=rendering.prompt_field,
             response_field=response_field,
@@ -378,6 +448,7 @@ def score(
             turn_sampling=turn_sampling,
             pairs=pairs,
             seed=analysis.seed,
+            reward_field=rewards.reward_field,
         )
         with progress_bars(stderr) as progress:
             report = run_score(
@@ -385,6 +456,7 @@ def score(
                 thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, dump=dump,
                 progress=progress,
             )  # fmt: skip
+        write_per_prompt_table(report, per_prompt)
     gate_single_report(report, gate, f"{rollouts} under {checkpoint}", json_path, markdown, junit)
 
 
@@ -421,6 +493,7 @@ def compare(
     rendering: PromptSettings,
     scoring: ScoringSettings,
     analysis: AnalysisSettings,
+    rewards: RewardSettings,
     load: LoadSettings,
     prompts: Prompts = None,
     max_drop: Annotated[
@@ -458,7 +531,7 @@ def compare(
     from collapsecheck.files import write_text_atomic
     from collapsecheck.gate import RuleResult, markdown_report
 
-    settings = Settings(load, sampling, rendering, scoring, analysis)
+    settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = load_gate(config, max_drop=max_drop)
         check_outputs(

@@ -92,13 +92,23 @@ class Comparison:
             "warnings": self.warnings,
             "metrics": {
                 key: {
-                    "a": metric_to_json(self.a.metrics[key]),
-                    "b": metric_to_json(self.b.metrics[key]),
+                    "a": metric_to_json(self.metric("a", key)),
+                    "b": metric_to_json(self.metric("b", key)),
                     "delta": metric_to_json(delta),
                 }
                 for key, delta in self.deltas.items()
             },
         }
+
+    def metric(self, which: str, key: str) -> Any:
+        """A's or B's value of a compared key: a metric, or a key of the snr section."""
+        report = self.a if which == "a" else self.b
+        if key in report.metrics:
+            return report.metrics[key]
+        return (report.snr or {}).get(key, float("nan"))
+
+    def value(self, which: str, key: str) -> float:
+        return point_value(self.metric(which, key))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -130,6 +140,18 @@ def flow_deltas(
         deltas = paired_flow_differences(*flows, resamples=resamples, seed=seed)
         return {key: deltas[key] for key in FLOW_COMPARE_KEYS}
     return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in FLOW_COMPARE_KEYS}
+
+
+def snr_deltas(a: Report, b: Report) -> dict[str, Estimate]:
+    """B - A of the zero-variance share and the reward-variance/MI correlation, where both
+    reports have rewards (from the reports: the share has no interval)."""
+    if a.snr is None or b.snr is None:
+        return {}
+    share = b.snr["frac_reward_zero_std"] - a.snr["frac_reward_zero_std"]
+    return {
+        "frac_reward_zero_std": Estimate(share, share, share),
+        "rv_mi_spearman": _unpaired_delta(a.snr["rv_mi_spearman"], b.snr["rv_mi_spearman"]),
+    }
 
 
 def _describe(key: str, delta: Estimate) -> str:
@@ -167,6 +189,7 @@ def compare_reports(
     else:
         deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
     deltas.update(flow_deltas(a, b, paired, resamples, seed))
+    deltas.update(snr_deltas(a, b))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
     lost = len(dropped) == len(DEPENDENCE_KEYS)
     changes = "; ".join(_describe(key, deltas[key]) for key in DEPENDENCE_KEYS)

@@ -22,6 +22,7 @@ from rich.text import Text
 from collapsecheck.compare import Comparison
 from collapsecheck.formatting import format_number, plural
 from collapsecheck.metrics import Estimate, MetricValue, point_value
+from collapsecheck.per_prompt import most_collapsed
 from collapsecheck.progress import ProgressHook
 from collapsecheck.report import FLOW_METRICS, KEY_METRICS, Report
 from collapsecheck.run_report import RunReport
@@ -149,6 +150,39 @@ def print_warnings(console: Console, warnings: list[str]) -> None:
         console.print(Text("warning: ", style="bold yellow") + Text(warning))
 
 
+def percent(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def print_why(console: Console, report: Report) -> None:
+    """The SNR summary (SPEC "Why: reward variance") and the most collapsed prompts."""
+    snr = report.snr
+    if snr is None:
+        console.print(f"why: {report.snr_reason}", style="dim")
+    else:
+        rho = snr["rv_mi_spearman"]
+        console.print(
+            Text("why: ", style="bold")
+            + Text(
+                f"{percent(snr['frac_reward_zero_std'])} of prompts have rewards that all tie "
+                f"(too easy {percent(snr['zero_std_too_easy'])}, too hard "
+                f"{percent(snr['zero_std_too_hard'])}, uninformative "
+                f"{percent(snr['zero_std_uninformative'])}); reward std vs own MI: Spearman "
+                f"{_format(point_value(rho))} {_interval(rho)}; the SNR filter (top-p "
+                f"{snr['snr_top_p']:g}) keeps {percent(snr['rollout/filter_kept_ratio'])} of the "
+                f"prompts ({snr['rewards']})"
+            )
+        )
+    if report.verdict.is_collapse and report.per_prompt:
+        console.print(
+            "most collapsed prompts (lowest own MI; every prompt: --per-prompt FILE, or the "
+            "dump's per_prompt.jsonl):"
+        )
+        for row in most_collapsed(report.per_prompt):
+            own = "-" if row["own_mi"] is None else f"{row['own_mi']:.2f}"
+            console.print(f"  prompt {row['index']} (own MI {own}): {row['text']}")
+
+
 def print_report(console: Console, report: Report) -> None:
     console.print(metrics_table(report))
     counts = report.counts
@@ -170,6 +204,7 @@ def print_report(console: Console, report: Report) -> None:
     print_warnings(console, report.warnings)
     console.print(verdict_line(report))
     console.print(flow_line(report))
+    print_why(console, report)
     if report.verdict.is_collapse:
         console.print("Reasoning sampled for two different prompts; do they differ?")
         for example in report.examples:
@@ -188,8 +223,16 @@ RUN_COLUMNS = (
 RUN_CAPTION = (
     "norm. MI: normalized_mi; skill: retrieval_skill; H(Z|X)/tok: conditional entropy, nats "
     "per token; z EMA: mi_zscore_ema_seq, MI over the marginal's spread with the spread "
-    "smoothed along the run (RAGEN-2's logged z-score); * answered from the results cache"
+    "smoothed along the run (RAGEN-2's logged z-score); 0-var: share of prompts whose rewards "
+    "all tie; RV~MI: Spearman of reward std and own MI; * answered from the results cache"
 )
+
+
+def snr_cells(report: Report) -> list[str]:
+    if report.snr is None:
+        return ["-", "-"]
+    rho = point_value(report.snr["rv_mi_spearman"])
+    return [percent(report.snr["frac_reward_zero_std"]), _format(rho)]
 
 
 def print_run(console: Console, run: RunReport) -> None:
@@ -202,6 +245,10 @@ def print_run(console: Console, run: RunReport) -> None:
     for title, _ in RUN_COLUMNS:
         table.add_column(title, justify="right", no_wrap=True)
     table.add_column("norm. MI 95%", justify="right", no_wrap=True)
+    rewarded = any(step.report.snr is not None for step in run.steps)
+    if rewarded:
+        table.add_column("0-var", justify="right")
+        table.add_column("RV~MI", justify="right")
     table.add_column("regime")
     table.add_column("flow")
     table.add_column("onset")
@@ -212,6 +259,8 @@ def print_run(console: Console, run: RunReport) -> None:
         label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
         onset = run.onset.kind if run.onset and run.onset.index == index else ""
         flow = step.report.flow.regime.replace("_", " ")
+        if rewarded:
+            cells += snr_cells(step.report)
         table.add_row(label, *cells, regime_text(step.report), flow, Text(onset, style="bold"))
     console.print(table)
     cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
@@ -239,8 +288,8 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for key, delta in comparison.deltas.items():
         table.add_row(
             key,
-            _format(comparison.a.value(key)),
-            _format(comparison.b.value(key)),
+            _format(comparison.value("a", key)),
+            _format(comparison.value("b", key)),
             f"{delta.value:+.3f}",
             _interval(delta),
         )

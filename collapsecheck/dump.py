@@ -26,6 +26,7 @@ PROMPTS_FILE = "prompts.jsonl"
 TRACES_FILE = "traces.jsonl"
 MATRIX_FILE = "cross_logprobs.npz"
 FLOW_FILE = "action_logprobs.npz"
+PER_PROMPT_FILE = "per_prompt.jsonl"
 REPORT_FILE = "report.json"
 
 
@@ -60,6 +61,11 @@ def write_samples(
     """prompts.jsonl and traces.jsonl: written as soon as sampling ends."""
     write_jsonl_atomic(directory / PROMPTS_FILE, prompt_rows(rendered))
     write_jsonl_atomic(directory / TRACES_FILE, trace_rows(traces))
+
+
+def write_per_prompt(directory: Path, table: Sequence[dict[str, Any]]) -> None:
+    """SPEC "Per-prompt table": one row per prompt."""
+    write_jsonl_atomic(directory / PER_PROMPT_FILE, table)
 
 
 def write_matrix(directory: Path, scores: CrossScores) -> None:
@@ -182,6 +188,7 @@ class SampledPrompts:
     rendered: list[RenderedPrompt]
     samples: list[list[Sample]]
     settings: dict[str, Any]
+    rewards: list[list[float]] | None = None  # one per sample, where the rollouts carry them
 
 
 def read_dump_samples(directory: Path) -> SampledPrompts:

@@ -197,7 +197,7 @@ def retrieval_chance(
     return hit_probability(candidates, correct, np.minimum(k, candidates))
 
 
-def _row_statistics(scores: CrossLogProbs) -> dict[str, np.ndarray]:
+def row_statistics(scores: CrossLogProbs) -> dict[str, np.ndarray]:
     """Per-row quantities whose weighted means make up every row-level metric."""
     where = (scores.row_prompt, scores.column_group, scores.scored)
     matched_mean, marginal_mean = matched_and_marginal(scores.mean, *where)
@@ -313,7 +313,7 @@ def compute_metrics(
     (SPEC "95% intervals"); it is seeded, so the same inputs give the same intervals.
     """
     n = _check_prompts(scores)
-    rows = _row_statistics(scores)
+    rows = row_statistics(scores)
     point = _draws(rows, scores, counts, np.ones((1, n)))
     boot = _draws(rows, scores, counts, bootstrap_prompt_weights(n, resamples, seed))
     metrics: dict[str, MetricValue] = {"mi_upper_bound": float(np.log(n))}
@@ -341,7 +341,7 @@ def paired_differences(
     n = _check_prompts(scores_a)
     if scores_b.num_prompts != n:
         raise ValueError(f"the scans cover {n} and {scores_b.num_prompts} prompts")
-    rows_a, rows_b = _row_statistics(scores_a), _row_statistics(scores_b)
+    rows_a, rows_b = row_statistics(scores_a), row_statistics(scores_b)
     ones, weights = np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)
     point_a = _draws(rows_a, scores_a, counts_a, ones)
     point_b = _draws(rows_b, scores_b, counts_b, ones)

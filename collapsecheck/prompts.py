@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,10 @@ class Prompt:
 
     content: str | Messages
     origin: str  # "FILE:LINE", for messages that name the line at fault
+    # the whole row it came from (reward inputs: data_source, ground truth, extra_info) and its
+    # number in the file (a line of JSONL or text, a row of parquet), for --keep-prompts
+    row: dict[str, Any] | None = field(default=None, compare=False)
+    number: int | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -116,7 +121,7 @@ def _is_jsonl(path: Path, lines: list[str]) -> bool:
     return first.startswith("{")
 
 
-def _jsonl_rows(path: Path, lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
+def _jsonl_rows(path: Path, lines: list[str]) -> list[tuple[str, dict[str, Any], int]]:
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -128,14 +133,18 @@ def _jsonl_rows(path: Path, lines: list[str]) -> list[tuple[str, dict[str, Any]]
             raise CollapsecheckError(f"{where}: malformed JSON ({err.msg})") from None
         if not isinstance(row, dict):
             raise CollapsecheckError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        rows.append((where, row))
+        rows.append((where, row, number))
     return rows
 
 
 def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """The rows of a JSONL or parquet file, each with where it is ("FILE:LINE", "FILE: row N")."""
+    return [(where, row) for where, row, _ in _numbered_rows(path)]
+
+
+def _numbered_rows(path: Path) -> list[tuple[str, dict[str, Any], int]]:
     if path.suffix.lower() in PARQUET_SUFFIXES:
-        return [(f"{path}: row {n}", row) for n, row in enumerate(read_parquet_rows(path), 1)]
+        return [(f"{path}: row {n}", row, n) for n, row in enumerate(read_parquet_rows(path), 1)]
     return _jsonl_rows(path, _decode_lines(path))
 
 
@@ -147,18 +156,21 @@ def load_prompts(
     if not path.is_file():
         raise CollapsecheckError(f"prompt file not found: {path}")
     if path.suffix.lower() in PARQUET_SUFFIXES:
-        rows = read_rows(path)
+        rows = _numbered_rows(path)
     else:
         lines = _decode_lines(path)
         if _is_jsonl(path, lines):
             rows = _jsonl_rows(path, lines)
         else:
             rows = [
-                (f"{path}:{n}", {"prompt": line}) for n, line in enumerate(lines, 1) if line.strip()
+                (f"{path}:{n}", {"prompt": line}, n)
+                for n, line in enumerate(lines, 1)
+                if line.strip()
             ]
             field = None
     prompts = [
-        Prompt(prompt_from_row(row, field, where), where) for where, row in rows[:num_prompts]
+        Prompt(prompt_from_row(row, field, where), where, row, number)
+        for where, row, number in rows[:num_prompts]
     ]
     if not prompts:
         raise CollapsecheckError(f"{path}: no prompts found (the file is empty or blank)")
@@ -216,3 +228,28 @@ def render_prompts(
         )
         for prompt in prompts
     ]
+
+
+def check_same_format(source: Path, target: Path, option: str) -> None:
+    """Kept rows go out in the input's own format: a parquet input needs a parquet target."""
+    source_parquet = source.suffix.lower() in PARQUET_SUFFIXES
+    if source_parquet != (target.suffix.lower() in PARQUET_SUFFIXES):
+        kind = "parquet" if source_parquet else "JSONL or text"
+        raise CollapsecheckError(
+            f"{option} {target}: the prompts are {kind} ({source}); give a file of that format"
+        )
+
+
+def write_prompt_rows(source: Path, prompts: Sequence[Prompt], target: Path) -> Path:
+    """The rows of `prompts` exactly as `source` holds them, in its format: JSONL and text
+    lines verbatim, parquet rows with every column (for the next training round)."""
+    from collapsecheck.files import write_atomic, write_text_atomic
+
+    numbers = [p.number for p in prompts]
+    if source.suffix.lower() in PARQUET_SUFFIXES:
+        import pandas as pd
+
+        frame = pd.read_parquet(source).iloc[[n - 1 for n in numbers]]
+        return write_atomic(target, "wb", lambda stream: frame.to_parquet(stream, index=False))
+    lines = _decode_lines(source)
+    return write_text_atomic(target, "".join(lines[n - 1] + "\n" for n in numbers))

@@ -57,6 +57,28 @@ def metric_to_json(metric: MetricValue) -> Any:
     return _json_number(float(metric))
 
 
+def to_json(value: Any) -> Any:
+    """A structure of metrics (the snr section) in JSON: estimates as value/low/high."""
+    if isinstance(value, Estimate | float):
+        return metric_to_json(value)
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    return value
+
+
+def from_json(value: Any) -> Any:
+    """The inverse of `to_json`: value/low/high objects back into estimates."""
+    if isinstance(value, dict):
+        if set(value) == {"value", "low", "high"}:
+            return metric_from_json(value)
+        return {k: from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_json(v) for v in value]
+    return value
+
+
 def metric_from_json(raw: Any) -> MetricValue:
     def number(x: Any) -> float:
         return float("nan") if x is None else float(x)
@@ -81,6 +103,10 @@ class Report:
     timing: dict[str, Any] = field(default_factory=dict)
     # what a reader of the numbers must know (sampling other than the policy's own, say)
     warnings: list[str] = field(default_factory=list)
+    snr: dict[str, Any] | None = None  # SPEC "Why: reward variance", None without rewards
+    snr_reason: str | None = None  # why there is no snr section
+    # SPEC "Per-prompt table" (kept in the dump's per_prompt.jsonl, not in report.json)
+    per_prompt: list[dict[str, Any]] = field(default_factory=list, compare=False)
     # where the scan's dump lives (set by a scan with a dump and by `load`; not serialized)
     dump_dir: Path | None = field(default=None, compare=False)
 
@@ -99,6 +125,8 @@ class Report:
             "settings": self.settings,
             "examples": self.examples,
             "warnings": self.warnings,
+            "snr": to_json(self.snr),
+            "snr_reason": self.snr_reason,
             "timing": self.timing,
         }
 
@@ -109,6 +137,12 @@ class Report:
         from collapsecheck.files import write_text_atomic
 
         return write_text_atomic(Path(path), self.to_json())
+
+    def per_prompt_frame(self) -> Any:
+        """SPEC "Per-prompt table" as a pandas frame, one row per prompt."""
+        from collapsecheck.per_prompt import to_frame
+
+        return to_frame(self.per_prompt)
 
     def to_frame(self) -> Any:
         """One row per metric: value, low, high (NaN where a metric has no interval)."""
@@ -140,6 +174,8 @@ class Report:
             examples=data.get("examples", []),
             timing=data.get("timing", {}),
             warnings=data.get("warnings", []),
+            snr=from_json(data.get("snr")),
+            snr_reason=data.get("snr_reason"),
         )
 
     @classmethod
@@ -152,4 +188,7 @@ class Report:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CollapsecheckError(f"{path}: not a collapsecheck report.json ({err})") from None
         report.dump_dir = path.parent
+        table = path.parent / "per_prompt.jsonl"
+        if table.is_file():
+            report.per_prompt = [json.loads(line) for line in table.read_text().splitlines()]
         return report

@@ -33,9 +33,11 @@ from collapsecheck.prompts import (
     read_rows,
     render_prompts,
 )
+from collapsecheck.rewards import as_reward
 from collapsecheck.settings import PromptSettings
 
 RESPONSE_FIELDS = ("response", "output", "completion")
+REWARD_FIELDS = ("reward", "score")
 GROUP_FIELDS = ("uid", "group_id", "prompt_id", "group")
 TURNS_FIELD = "turns"
 TURN_SAMPLINGS = ("turn", "trajectory", "first")
@@ -52,6 +54,7 @@ class RolloutOptions:
     turn_sampling: str = "turn"
     pairs: int | None = None
     seed: int = 0
+    reward_field: str | None = None
 
     def __post_init__(self) -> None:
         if self.turn_sampling not in TURN_SAMPLINGS:
@@ -68,6 +71,14 @@ class _Turn:
     prompt: Prompt
     response: Any  # text, or token ids
     truncated: bool
+    reward: float | None = None
+
+
+def _reward(row: dict[str, Any], options: RolloutOptions, where: str) -> float | None:
+    """The row's reward (`--reward-field`, else `reward` or `score`), None when it has none."""
+    names = (options.reward_field,) if options.reward_field else REWARD_FIELDS
+    name = next((n for n in names if n in row), None)
+    return None if name is None else as_reward(row[name], f"{where} ({name!r})")
 
 
 def _field(row: dict[str, Any], wanted: str | None, defaults: Sequence[str], where: str) -> Any:
@@ -78,7 +89,11 @@ def _field(row: dict[str, Any], wanted: str | None, defaults: Sequence[str], whe
     return row[name]
 
 
-def _turn(row: dict[str, Any], options: RolloutOptions, where: str) -> _Turn:
+def _turn(
+    row: dict[str, Any], options: RolloutOptions, where: str, reward: float | None = None
+) -> _Turn:
+    """One response with its context; its reward is the row's own, else `reward` (a
+    trajectory's, for each of its turns)."""
     prompt = Prompt(prompt_from_row(row, options.prompt_field, where), where)
     if options.response_ids_field:
         ids = _field(row, options.response_ids_field, (), where)
@@ -89,7 +104,9 @@ def _turn(row: dict[str, Any], options: RolloutOptions, where: str) -> _Turn:
         response = _field(row, options.response_field, RESPONSE_FIELDS, where)
         if not isinstance(response, str):
             raise CollapsecheckError(f"{where}: the response must be text")
-    return _Turn(prompt, response, bool(row.get("truncated", False)))
+    own = _reward(row, options, where)
+    truncated = bool(row.get("truncated", False))
+    return _Turn(prompt, response, truncated, own if own is not None else reward)
 
 
 def _sample(turn: _Turn, tokenizer: Any) -> Sample:
@@ -129,7 +146,8 @@ def _sample_turns(
                 break
             if not isinstance(turn, dict):
                 raise CollapsecheckError(f"{where} turn {number}: expected an object")
-            pairs.append(_turn(turn, options, f"{where} turn {number}"))
+            trajectory_reward = _reward(row, options, where)
+            pairs.append(_turn(turn, options, f"{where} turn {number}", trajectory_reward))
             weights.append(1.0 / len(turns) if options.turn_sampling == "trajectory" else 1.0)
     count = min(options.pairs or len(pairs), len(pairs))
     rng = np.random.default_rng(options.seed)
@@ -163,4 +181,26 @@ def read_rollouts(
     prompts = [group[0].prompt for group in groups]
     rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings())
     samples = [[_sample(turn, tokenizer) for turn in group] for group in groups]
-    return SampledPrompts(prompts, rendered, samples, settings)
+    rewards, source = _rewards(groups, rows, options)
+    if source is not None:
+        settings["rewards"] = source
+    return SampledPrompts(prompts, rendered, samples, settings, rewards)
+
+
+def _rewards(
+    groups: list[list[_Turn]], rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+) -> tuple[list[list[float]] | None, str | None]:
+    """Every response's reward and where they came from ("per response", "per turn", "per
+    trajectory"), or (None, None) when no row has one; some but not all is an error."""
+    turns = [turn for group in groups for turn in group]
+    missing = [turn.prompt.origin for turn in turns if turn.reward is None]
+    if len(missing) == len(turns):
+        return None, None
+    if missing:
+        raise CollapsecheckError(f"{missing[0]}: no reward, though other rows have one")
+    if TURNS_FIELD not in rows[0][1]:
+        source = "per response"
+    else:
+        own = any(_reward(t, options, w) is not None for w, r in rows for t in r[TURNS_FIELD])
+        source = "per turn" if own else "per trajectory"
+    return [[turn.reward for turn in group] for group in groups], source

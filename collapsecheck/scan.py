@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import platform
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +33,7 @@ from collapsecheck.dump import (
     SampledPrompts,
     read_dump_samples,
     write_matrix,
+    write_per_prompt,
     write_samples,
 )
 from collapsecheck.errors import CollapsecheckError
@@ -44,7 +45,8 @@ from collapsecheck.flow import (
     decide_flow,
     not_measured_reason,
 )
-from collapsecheck.metrics import compute_metrics, count_per_prompt
+from collapsecheck.metrics import compute_metrics, count_per_prompt, row_statistics
+from collapsecheck.per_prompt import per_prompt_rows
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.prompts import (
     Prompt,
@@ -61,6 +63,7 @@ from collapsecheck.reasoning import (
     opens_reasoning,
 )
 from collapsecheck.report import Report
+from collapsecheck.rewards import load_reward_fn, score_responses
 from collapsecheck.rollouts import RolloutOptions, read_rollouts
 from collapsecheck.settings import (
     AnalysisSettings,
@@ -68,6 +71,7 @@ from collapsecheck.settings import (
     Settings,
     resolve_settings,
 )
+from collapsecheck.snr import PromptRewards, RowStatistics, snr_section
 from collapsecheck.verdict import Thresholds, decide
 
 __all__ = ["scan", "score"]
@@ -197,6 +201,24 @@ def prepare(
         raise CollapsecheckError(f"{source}: all prompts render to the same tokens")
     opened = reasoning_opened(prompts, fitted, settings.scoring.reasoning, backend.tokenizer)
     return Prepared(list(prompts), fitted, groups, cut, opened)
+
+
+def reward_function(
+    prompts: Sequence[Prompt], settings: Settings
+) -> tuple[Callable[[Sequence[Trace]], list[list[float]] | None], str | None]:
+    """The rewards of a scan's traces by --reward-fn (loaded now, before any model), or none."""
+    spec = settings.rewards.reward_fn
+    if spec is None:
+        return (lambda traces: None), None
+    function = load_reward_fn(spec)
+
+    def rewards(traces: Sequence[Trace]) -> list[list[float]]:
+        responses: list[list[str]] = [[] for _ in prompts]
+        for trace in traces:
+            responses[trace.prompt_index].append(trace.response)
+        return score_responses(function, prompts, responses)
+
+    return rewards, f"--reward-fn {spec}"
 
 
 def sampling_warnings(params: SamplingParams) -> tuple[str, ...]:
@@ -373,6 +395,9 @@ class Diagnosis:
     dump_dir: Path | None
     progress: ProgressHook
     warnings: tuple[str, ...] = ()
+    # the rewards of the traces, one per response (None: no rewards), and where they came from
+    rewards: Callable[[Sequence[Trace]], list[list[float]] | None] = lambda traces: None
+    reward_source: str | None = None
 
 
 def report_settings(
@@ -411,6 +436,7 @@ def diagnose(
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
     spec = settings.scoring.reasoning
     traces = extract_traces(samples, backend.decode, spec, prepared.opened, settings.scoring.action)
+    rewards = diagnosis.rewards(traces)  # before scoring: a failing reward loses no work
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
     started = time.perf_counter()
@@ -423,6 +449,7 @@ def diagnose(
     )
     flow_metrics, not_measured = measure_flow(scores, settings.analysis, settings.scoring.no_flow)
     metrics.update(flow_metrics)
+    why = explain(scores, traces, prepared, rewards, diagnosis)
     report = Report(
         metrics=metrics,
         verdict=decide(metrics, diagnosis.thresholds),
@@ -434,11 +461,82 @@ def diagnose(
         examples=example_traces(traces, prepared),
         timing={**diagnosis.timing, "scoring_s": scoring_s},
         warnings=list(diagnosis.warnings),
+        snr=why.snr,
+        snr_reason=why.snr_reason,
+        per_prompt=why.per_prompt,
     )
     if dump_dir is not None:
+        write_per_prompt(dump_dir, why.per_prompt)
         report.save(dump_dir / REPORT_FILE)
         report.dump_dir = dump_dir
     return report
+
+
+NO_REWARDS = (
+    "no rewards: pass --reward-fn FILE.py[:NAME] (scan) or rollouts with a reward or score "
+    "field (score, --reward-field)"
+)
+
+
+@dataclass(frozen=True)
+class Why:
+    """SPEC's SNR section (None without rewards, with the reason) and the per-prompt table."""
+
+    snr: dict[str, Any] | None
+    snr_reason: str | None
+    per_prompt: list[dict[str, Any]]
+
+
+def explain(
+    scores: CrossScores,
+    traces: Sequence[Trace],
+    prepared: Prepared,
+    rewards: list[list[float]] | None,
+    diagnosis: Diagnosis,
+) -> Why:
+    """Why it collapsed, from the rewards (SPEC "Why: reward variance"), and which prompts."""
+    n = len(prepared.rendered)
+    rows = row_stats(scores)
+    flow = scores.flow.logprobs if scores.flow is not None else None
+    measured = flow if flow is not None and not_measured_reason(flow) is None else None
+    per_reward = PromptRewards.of(rewards) if rewards is not None else None
+    counts = count_per_prompt(
+        n, [t.prompt_index for t in traces], [t.valid for t in traces],
+        [t.truncated for t in traces], [t.reasoning for t in traces],
+    )  # fmt: skip
+    table = per_prompt_rows(
+        [prompt_summary(p) for p in prepared.prompts], counts.responses, counts.valid,
+        counts.distinct_reasoning, rows, measured, per_reward,
+    )  # fmt: skip
+    if per_reward is None:
+        return Why(None, NO_REWARDS, table)
+    analysis = diagnosis.settings.analysis
+    snr = snr_section(
+        per_reward, rows, distinct_behaviour(traces, n),
+        top_p=diagnosis.settings.rewards.snr_top_p, resamples=analysis.bootstrap,
+        seed=analysis.seed,
+    )  # fmt: skip
+    snr["rewards"] = diagnosis.reward_source
+    return Why(snr, None, table)
+
+
+def row_stats(scores: CrossScores) -> RowStatistics:
+    rows = row_statistics(scores.matrix)
+    return RowStatistics(
+        scores.matrix.row_prompt, rows["matched_seq"] - rows["marginal_seq"], rows["hit@1"]
+    )
+
+
+def distinct_behaviour(traces: Sequence[Trace], n: int) -> np.ndarray:
+    """Per prompt: distinct actions (or, with no action segment, distinct responses) over its
+    responses."""
+    acting = any(t.flow_valid for t in traces)
+    seen: list[set[str]] = [set() for _ in range(n)]
+    for trace in traces:
+        if trace.flow_valid or not acting:
+            seen[trace.prompt_index].add(trace.action if acting else trace.response)
+    responses = np.bincount([t.prompt_index for t in traces], minlength=n)
+    return np.array([len(s) for s in seen]) / np.maximum(responses, 1)
 
 
 def trace_counts(
@@ -498,6 +596,7 @@ def scan(
     started, started_at = time.perf_counter(), _now()
     prompt_path = Path(prompts)
     prompt_list = read_prompt_set(prompt_path, settings)
+    rewards, reward_source = reward_function(prompt_list, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
     with open_backend(checkpoint, loaded, settings) as model:
         rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts)
@@ -520,7 +619,8 @@ def scan(
             }
             diagnosis = Diagnosis(
                 settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
-                recorded, timing, dump_dir, progress, sampling_warnings(params),
+                recorded, timing, dump_dir, progress, sampling_warnings(params), rewards,
+                reward_source,
             )  # fmt: skip
             return diagnose(model, prepared, samples, diagnosis)
 
@@ -544,7 +644,9 @@ def score(
     settings = resolve_settings(settings, flags)
     started, started_at = time.perf_counter(), _now()
     options = rollout_options or RolloutOptions(
-        prompt_field=settings.prompts.prompt_field, seed=settings.analysis.seed
+        prompt_field=settings.prompts.prompt_field,
+        seed=settings.analysis.seed,
+        reward_field=settings.rewards.reward_field,
     )
     with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
@@ -566,6 +668,10 @@ def score(
                 timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
                 dump_dir=dump_dir,
                 progress=progress,
+                rewards=lambda traces: data.rewards,
+                reward_source=(
+                    f"rollouts, {data.settings['rewards']}" if data.rewards is not None else None
+                ),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
 

@@ -287,12 +287,33 @@ class AnalysisSettings:
         _require(self.bootstrap >= 0, f"--bootstrap must be >= 0, got {self.bootstrap}")
 
 
+@dataclass(frozen=True)
+class RewardSettings:
+    """Where the rewards come from, and the SNR-aware filter (SPEC "Why: reward variance")."""
+
+    reward_fn: str | None = setting(
+        None, "scan: FILE.py[:NAME], a veRL-style compute_score(data_source, solution_str, "
+        "ground_truth, extra_info) fed from the prompt rows.", numbers=True,
+    )  # fmt: skip
+    reward_field: str | None = setting(
+        None, "score: the rollouts' reward field (default reward or score).", numbers=True
+    )
+    snr_top_p: float = setting(
+        0.9, "SNR-aware filter: keep the prompts of highest reward std holding this share of the "
+        "total.", numbers=True,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _require(0 < self.snr_top_p <= 1, f"--snr-top-p must be in (0, 1], got {self.snr_top_p}")
+
+
 GROUPS = {
     "load": LoadSettings,
     "sampling": SamplingSettings,
     "prompts": PromptSettings,
     "scoring": ScoringSettings,
     "analysis": AnalysisSettings,
+    "rewards": RewardSettings,
 }
 
 
@@ -306,6 +327,7 @@ class Settings:
     prompts: PromptSettings = field(default_factory=PromptSettings)
     scoring: ScoringSettings = field(default_factory=ScoringSettings)
     analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
+    rewards: RewardSettings = field(default_factory=RewardSettings)
 
     @classmethod
     def build(cls, **flags: Any) -> Settings:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.prompts import Prompt, load_prompts, render_prompt
 from collapsecheck.settings import LoadSettings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "rewards"))
+from gridworld import compute_score
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PROMPTS = EXAMPLES / "prompts" / "gridworld.jsonl"
@@ -34,8 +38,16 @@ CHECKPOINT = EXAMPLES / "demo-run" / "global_step_100"
 
 
 def rollout_rows(prompts: list, traces: list[dict]) -> list[dict]:
+    """veRL-style rollout rows: uid, prompt, response and its reward (the gridworld reward)."""
     return [
-        {"uid": t["prompt_index"], "prompt": prompts[t["prompt_index"]], "response": t["response"]}
+        {
+            "uid": t["prompt_index"],
+            "prompt": prompts[t["prompt_index"]],
+            "response": t["response"],
+            "reward": compute_score(
+                "gridworld", t["response"], ground_truth(prompts[t["prompt_index"]])
+            ),
+        }
         for t in traces
     ]
 
@@ -72,7 +84,8 @@ def trajectories(prompts: list, count: int) -> list[dict]:
             params = SamplingParams(k=1, max_new_tokens=64, seed=1000 * episode + turn)
             sample = backend.generate([ids], params, no_progress)[0][0]
             response = backend.decode(sample.ids)
-            turns.append({"messages": messages, "response": response})
+            reward = compute_score("gridworld", response, ground_truth(messages))
+            turns.append({"messages": messages, "response": response, "reward": reward})
             state = step(state, response)
             if state is None:
                 break
@@ -86,14 +99,24 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def ground_truth(messages: list) -> str:
+    """The moves that bring the agent closer to the goal, as the reward function reads them."""
+    ar, ac, gr, gc = map(int, STATE.fullmatch(messages[-1]["content"]).groups())
+    moves = [("up", gr < ar), ("down", gr > ar), ("left", gc < ac), ("right", gc > ac)]
+    return ",".join(name for name, useful in moves if useful)
+
+
 def main() -> None:
     prompts = [p.content for p in load_prompts(PROMPTS)]
+    truths = [ground_truth(p) for p in prompts]
+    rows = [{"messages": p, "ground_truth": t} for p, t in zip(prompts, truths, strict=True)]
+    write_jsonl(PROMPTS, rows)
     pd.DataFrame(
         {
             "data_source": "gridworld",
             "prompt": prompts,
             "ability": "navigation",
-            "reward_model": [{"style": "rule", "ground_truth": ""}] * len(prompts),
+            "reward_model": [{"style": "rule", "ground_truth": t} for t in truths],
             "extra_info": [{"split": "test", "index": i} for i in range(len(prompts))],
         }
     ).to_parquet(EXAMPLES / "prompts" / "gridworld.parquet")

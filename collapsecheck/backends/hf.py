@@ -482,42 +482,117 @@ class TransformersBackend:
     def _score_branches(
         self, stem: _Stems, group: _StemGroup, branches: Sequence[tuple[int, int]]
     ) -> None:
-        """Each distinct branch (stem row, tokens after the stem) once, on a copy of its stem
-        row's key/value cache: the stem's pad positions are masked out and the branch takes
-        the positions that follow the stem's own last token."""
+        """Each distinct branch (stem row, tokens after the stem) once. The branches of a stem
+        row are packed into one sequence that reads the row's key/value cache as it is: a 4D
+        attention mask lets each branch token see the context, the stem's own tokens (not its
+        pads) and the earlier tokens of its own branch, at the positions after the stem."""
         unique: dict[tuple[int, tuple[int, ...], int], list[int]] = defaultdict(list)
         for b, index in branches:
             request = group.requests[index]
             cut = request.stem_length
             unique[(b, request.continuation[cut:], request.scored_from - cut)].append(index)
-        items = list(unique)
-        width = stem.context_length + stem.width
-        lengths = [width + len(tail) for _, tail, _ in items]
+        packs = _packs(list(unique), self.batch_tokens)
+        lengths = [sum(len(tail) for _, tail, _ in pack) for pack in packs]
         for chunk in length_batches(lengths, max(self.batch_tokens, max(lengths))):
-            chosen = [items[i] for i in chunk]
-            rows = torch.tensor([b for b, _, _ in chosen], device=self.device)
-            tails = [tail for _, tail, _ in chosen]
-            ids = _right_pad(tails, self.pad_id, self.device)
-            cache = _select_rows(stem.cache, rows)
-            stem_mask = _positions_mask([0] * len(rows), stem.lengths[rows].tolist(), stem.width)
-            attention = torch.cat(
-                [
-                    torch.ones(len(rows), stem.context_length, dtype=torch.long),
-                    stem_mask.long(),
-                    _positions_mask([0] * len(rows), [len(t) for t in tails], ids.shape[1]).long(),
-                ],
-                dim=1,
-            ).to(self.device)
-            offset = torch.arange(ids.shape[1], device=self.device)[None, :]
-            positions = stem.context_length + stem.lengths[rows][:, None] + offset
-            logits = self.model(
-                input_ids=ids, attention_mask=attention, position_ids=positions,
-                past_key_values=cache, use_cache=True,
-            ).logits  # fmt: skip
-            first = token_logprobs(stem.last_logits[rows][:, None, :], ids[:, :1])
-            logprobs = torch.cat([first, token_logprobs(logits[:, :-1], ids[:, 1:])], dim=1)
-            starts = [scored_from for _, _, scored_from in chosen]
-            mask = _positions_mask(starts, [len(t) for t in tails], ids.shape[1])
-            sums = masked_sums(logprobs, mask.to(self.device))
-            for key, value in zip(chosen, sums, strict=True):
-                group.out[unique[key]] = value
+            chosen = [packs[i] for i in chunk]
+            sums = self._score_packs(stem, chosen)
+            for pack, values in zip(chosen, sums, strict=True):
+                for key, value in zip(pack, values, strict=True):
+                    group.out[unique[key]] = value
+
+    def _score_packs(self, stem: _Stems, packs: Sequence[list[tuple]]) -> list[list[float]]:
+        """Summed log-probabilities of the scored tokens of each branch of each pack."""
+        layout = _PackLayout.of(packs, stem, self.device)
+        cache = _select_rows(stem.cache, layout.rows)
+        dtype = next(self.model.parameters()).dtype
+        mask = torch.zeros(layout.allowed.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~layout.allowed, torch.finfo(dtype).min)
+        logits = self.model(
+            input_ids=layout.ids, attention_mask=mask, position_ids=layout.positions,
+            past_key_values=cache, use_cache=True,
+        ).logits  # fmt: skip
+        # a branch's first token is predicted by its stem's last logits, the others by the
+        # token before them in the pack, which is the same branch's previous token
+        rest = token_logprobs(logits[:, :-1], layout.ids[:, 1:])
+        logprobs = torch.cat([torch.zeros_like(rest[:, :1]), rest], dim=1).double().cpu()
+        pack_of = [p for p, pack_starts in enumerate(layout.starts) for _ in pack_starts]
+        first_ids = layout.ids[pack_of, [at for starts in layout.starts for at in starts]]
+        firsts = (
+            token_logprobs(stem.last_logits[layout.rows[pack_of]][:, None, :], first_ids[:, None])[
+                :, 0
+            ]
+            .double()
+            .cpu()
+        )
+        sums, branch = [], 0
+        for p, pack in enumerate(packs):
+            pack_sums = []
+            for start, (_, tail, scored) in zip(layout.starts[p], pack, strict=True):
+                total = float(logprobs[p, start + max(scored, 1) : start + len(tail)].sum())
+                pack_sums.append(total + (float(firsts[branch]) if scored == 0 else 0.0))
+                branch += 1
+            sums.append(pack_sums)
+        return sums
+
+
+def _packs(items: list[tuple], budget: int) -> list[list[tuple]]:
+    """The branches grouped by stem row, each group cut into packs of at most `budget` tokens
+    (a pack holds at least one branch)."""
+    by_row: dict[int, list[tuple]] = defaultdict(list)
+    for item in items:
+        by_row[item[0]].append(item)
+    packs = []
+    for row_items in by_row.values():
+        pack: list[tuple] = []
+        for item in row_items:
+            if pack and sum(len(t) for _, t, _ in pack) + len(item[1]) > budget:
+                packs.append(pack)
+                pack = []
+            pack.append(item)
+        packs.append(pack)
+    return packs
+
+
+@dataclass
+class _PackLayout:
+    """Packed branches as model inputs: ids, positions, the 4D attention pattern, and where
+    each branch starts in its pack."""
+
+    rows: torch.Tensor  # the stem row of each pack
+    ids: torch.Tensor
+    positions: torch.Tensor
+    offsets: torch.Tensor  # each token's position within its branch
+    allowed: torch.Tensor  # (packs, 1, width, context + stem width + width)
+    starts: list[list[int]]
+
+    @classmethod
+    def of(cls, packs: Sequence[list[tuple]], stem: _Stems, device: str) -> _PackLayout:
+        width = max(sum(len(t) for _, t, _ in pack) for pack in packs)
+        n, past = len(packs), stem.context_length + stem.width
+        ids = torch.zeros((n, width), dtype=torch.long)
+        branch = torch.full((n, width), -1, dtype=torch.long)
+        offsets = torch.zeros((n, width), dtype=torch.long)
+        starts = []
+        for p, pack in enumerate(packs):
+            at, pack_starts = 0, []
+            for number, (_, tail, _) in enumerate(pack):
+                ids[p, at : at + len(tail)] = torch.tensor(tail)
+                branch[p, at : at + len(tail)] = number
+                offsets[p, at : at + len(tail)] = torch.arange(len(tail))
+                pack_starts.append(at)
+                at += len(tail)
+            starts.append(pack_starts)
+        rows = torch.tensor([pack[0][0] for pack in packs])
+        stem_lengths = stem.lengths.cpu()[rows]
+        allowed = torch.zeros((n, 1, width, past + width), dtype=torch.bool)
+        allowed[..., : stem.context_length] = True
+        stem_positions = torch.arange(stem.width)[None, :] < stem_lengths[:, None]
+        allowed[..., stem.context_length : past] = stem_positions[:, None, None, :]
+        same_branch = (branch[:, :, None] == branch[:, None, :]) & (branch[:, None, :] >= 0)
+        causal = offsets[:, None, :] <= offsets[:, :, None]
+        allowed[:, 0, :, past:] = same_branch & causal
+        positions = stem.context_length + stem_lengths[:, None] + offsets
+        return cls(
+            rows.to(device), ids.to(device), positions.to(device), offsets.to(device),
+            allowed.to(device), starts,
+        )  # fmt: skip

@@ -342,7 +342,7 @@ def scan(
     keep_prompts: KeepPrompts = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
-    from collapsecheck.console import progress_bars
+    from collapsecheck.console import print_notes, progress_bars
     from collapsecheck.discovery import find_checkpoints
     from collapsecheck.runs import cached_scan, scan_run
     from collapsecheck.scan import scan as run_scan
@@ -352,7 +352,10 @@ def scan(
         gate = gate_settings.load()
         prompt_file = require_prompts(prompts)
         check_why_outputs(keep_prompts, prompts, rewards)
-        single, run = find_checkpoints(checkpoint, load.base_model)
+        notes: list[str] = []
+        single, run = find_checkpoints(checkpoint, load.base_model, notes)
+        if not run:
+            print_notes(stderr, notes)
         if dump is not None and (run or out is not None):
             raise CollapsecheckError(
                 "--dump takes one checkpoint without --out (cached scans keep their dump "
@@ -370,8 +373,8 @@ def scan(
             common["progress"] = progress
             if run:
                 report = scan_run(
-                    checkpoint, prompt_file, settings, checkpoints=run, cache_root=out,
-                    rescan=rescan, **common,
+                    checkpoint, prompt_file, settings, checkpoints=run, notes=notes,
+                    cache_root=out, rescan=rescan, **common,
                 )  # fmt: skip
             elif out is not None:
                 report = cached_scan(

@@ -145,6 +145,13 @@ NEXT_STEPS = (
 )
 
 
+def print_notes(console: Console, notes: list[str | None]) -> None:
+    """What was read other than one might expect (a base with its adapter, a run's root)."""
+    for note in notes:
+        if note:
+            console.print(Text("note: ", style="bold yellow") + Text(note))
+
+
 def print_warnings(console: Console, warnings: list[str]) -> None:
     for warning in warnings:
         console.print(Text("warning: ", style="bold yellow") + Text(warning))
@@ -201,6 +208,7 @@ def print_report(console: Console, report: Report) -> None:
             f"{settings.get('dtype')}, scorer {settings.get('scorer')}",
             style="dim",
         )
+    print_notes(console, [report.settings.get("checkpoint_note")])
     print_warnings(console, report.warnings)
     console.print(verdict_line(report))
     console.print(flow_line(report))
@@ -263,6 +271,7 @@ def print_run(console: Console, run: RunReport) -> None:
             cells += snr_cells(step.report)
         table.add_row(label, *cells, regime_text(step.report), flow, Text(onset, style="bold"))
     console.print(table)
+    print_notes(console, run.notes)
     cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
     if cached:
         console.print(

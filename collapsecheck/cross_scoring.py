@@ -156,7 +156,7 @@ def check_finite(values: np.ndarray) -> None:
     if broken:
         raise CollapsecheckError(
             f"the model gave NaN or infinite log-probabilities for {broken} of {len(values)} "
-            "(trace, prompt) pairs: no verdict (check the checkpoint's weights and --dtype)"
+            "scored (trace, context) pairs: no verdict (check the checkpoint's weights and --dtype)"
         )
 
 

@@ -92,7 +92,7 @@ def state_logprobs(flow: FlowLogProbs) -> np.ndarray:
             continue
         count = (scored & members[None, :]).sum(axis=1)
         values = np.where(scored & members[None, :], flow.natural, -np.inf)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
             out[:, j] = np.where(count > 0, logsumexp(values, axis=1) - np.log(count), np.nan)
     return out
 

@@ -3,7 +3,7 @@ onset of collapse. Types only (no pipeline), so the gate, console and plot can u
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ class RunReport:
     run_dir: Path
     steps: list[RunStep]
     onset: Onset | None
+    notes: list[str] = field(default_factory=list)  # checkpoints left out, a root read as a step
 
     @property
     def onset_step(self) -> int | str | None:
@@ -43,6 +44,7 @@ class RunReport:
             "run_dir": str(self.run_dir),
             "onset_step": self.onset_step,
             "onset": self.onset.to_dict() if self.onset else None,
+            "notes": self.notes,
             "steps": [
                 {
                     "name": s.checkpoint.name,

@@ -85,6 +85,7 @@ def scan_run(
     settings: Settings | None = None,
     *,
     checkpoints: Sequence[RunCheckpoint] | None = None,
+    notes: Sequence[str] = (),
     cache_root: str | Path | None = None,
     rescan: bool = False,
     thresholds: Thresholds | None = None,
@@ -94,11 +95,12 @@ def scan_run(
 ) -> RunReport:
     """Scan each checkpoint of a run directory with the same prompts and seed, in step order,
     through the results cache (`cache_root`, else the default cache). `checkpoints`: those
-    `discovery.find_checkpoints` found, when the caller already has them."""
+    `discovery.find_checkpoints` found (with its `notes`), when the caller already has them."""
     settings = resolve_settings(settings, flags)
     run_dir = Path(run_dir)
+    notes = list(notes)
     if checkpoints is None:
-        checkpoints = require_run(run_dir, settings.load.base_model)
+        checkpoints = require_run(run_dir, settings.load.base_model, notes)
     advance = progress("run", len(checkpoints))
     steps = []
     for checkpoint in checkpoints:
@@ -115,4 +117,4 @@ def scan_run(
         steps.append(RunStep(checkpoint, report))
         advance(1)
     apply_run_ema([s.report.metrics for s in steps])
-    return RunReport(run_dir, steps, run_onset(steps))
+    return RunReport(run_dir, steps, run_onset(steps), notes)

@@ -97,6 +97,22 @@ def checkpoint_name(checkpoint: str | Path | Checkpoint) -> str:
     return str(checkpoint.path if isinstance(checkpoint, Checkpoint) else checkpoint)
 
 
+def resolve(
+    checkpoint: str | Path | Checkpoint, loaded: Backend | None, settings: Settings
+) -> str | Path | Checkpoint:
+    """The recognised checkpoint (an error saying what the folder holds when there is none),
+    unless the caller brought a loaded backend."""
+    if loaded is not None or isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    return require_checkpoint(checkpoint, settings.load.base_model)
+
+
+def checkpoint_notes(checkpoint: str | Path | Checkpoint) -> dict[str, str]:
+    """The report's word on what was read, where it is not simply the folder named."""
+    note = checkpoint.note if isinstance(checkpoint, Checkpoint) else None
+    return {"checkpoint_note": note} if note else {}
+
+
 @contextmanager
 def open_backend(
     checkpoint: str | Path | Checkpoint, given: Backend | None, settings: Settings
@@ -597,6 +613,7 @@ def scan(
     prompt_path = Path(prompts)
     prompt_list = read_prompt_set(prompt_path, settings)
     rewards, reward_source = reward_function(prompt_list, settings)
+    name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
     with open_backend(checkpoint, loaded, settings) as model:
         rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts)
@@ -606,7 +623,8 @@ def scan(
         with holding(dump) as dump_dir:
             samples = sample(model, prepared, params, progress, dump_dir if resume else None)
             recorded = {
-                "checkpoint": checkpoint_name(checkpoint),
+                "checkpoint": name,
+                **checkpoint_notes(checkpoint),
                 "prompts": str(prompt_path),
                 "prompts_sha256": file_sha256(prompt_path),
                 "samples_per_prompt": params.k,
@@ -648,6 +666,7 @@ def score(
         seed=settings.analysis.seed,
         reward_field=settings.rewards.reward_field,
     )
+    name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
         data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts)
@@ -659,7 +678,8 @@ def score(
                 thresholds or Thresholds(),
                 flow_thresholds or FlowThresholds(),
                 recorded={
-                    "checkpoint": checkpoint_name(checkpoint),
+                    "checkpoint": name,
+                    **checkpoint_notes(checkpoint),
                     "prompts": data.settings["rollouts"],
                     "prompts_sha256": data.settings["rollouts_sha256"],
                     "samples_per_prompt": max(len(s) for s in data.samples),

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
-from collapsecheck.dump import read_dump
+from collapsecheck.dump import read_dump, read_flow
+from collapsecheck.flow import FLOW_KEYS, compute_flow_metrics
 from collapsecheck.metrics import compute_metrics
 from collapsecheck.report import Report, metric_to_json
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
@@ -49,7 +50,9 @@ def test_dump_round_trip_reproduces_the_report(tmp_path):
     dump = tmp_path / "dump"
     assert run(HEALTHY, *FAST, "--dump", dump, "--bootstrap", "200").exit_code == 0
     assert sorted(p.name for p in dump.iterdir()) == [
+        "action_logprobs.npz",
         "cross_logprobs.npz",
+        "per_prompt.jsonl",
         "prompts.jsonl",
         "report.json",
         "traces.jsonl",
@@ -58,7 +61,11 @@ def test_dump_round_trip_reproduces_the_report(tmp_path):
     matrix, counts = read_dump(dump)
     again = compute_metrics(matrix, counts, resamples=200, seed=0)
     assert {k: metric_to_json(v) for k, v in again.items()} == {
-        k: metric_to_json(v) for k, v in report.metrics.items()
+        k: metric_to_json(v) for k, v in report.metrics.items() if k not in FLOW_KEYS
+    }
+    flow = compute_flow_metrics(read_flow(dump), resamples=200, seed=0)
+    assert {k: metric_to_json(v) for k, v in flow.items()} == {
+        k: metric_to_json(v) for k, v in report.metrics.items() if k in flow
     }
     traces = [json.loads(line) for line in (dump / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == 24

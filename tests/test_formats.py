@@ -50,6 +50,36 @@ def save_fsdp_rank(rank, world, port, actor_dir):
     dist.destroy_process_group()
 
 
+def save_hsdp_rank(rank, world, port, actor_dir, replicas):
+    """One rank of a real 4-process gloo group saving an HSDP shard: a 2-D mesh of
+    `replicas` x (world / replicas), placements (Replicate(), Shard(0)), as veRL writes with
+    fsdp_size smaller than the world size; a buffer every rank holds whole stays plain."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    shards = world // replicas
+    mesh = init_device_mesh("cpu", (replicas, shards), mesh_dim_names=("ddp", "fsdp"))
+    local = mesh["fsdp"].get_local_rank()
+    state = demo_state_dict()
+    shard = {
+        key: DTensor.from_local(
+            torch.tensor_split(tensor, shards, dim=0)[local].clone(), mesh,
+            [Replicate(), Shard(0)], run_check=False,
+        )
+        for key, tensor in state.items()
+        if key != "model.norm.weight"
+    }  # fmt: skip
+    shard["model.norm.weight"] = state["model.norm.weight"].clone()
+    torch.save(shard, f"{actor_dir}/model_world_size_{world}_rank_{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,12 +111,105 @@ def test_verl_fsdp_shards_merge_to_the_same_model(tmp_path, plain_report):
     same_numbers(scan(tmp_path / "global_step_40", PROMPTS, **FAST), plain_report)
 
 
-def test_a_pickle_shard_needs_the_flag(tmp_path, plain_report):
+def test_hsdp_shards_read_one_replica(tmp_path, plain_report):
+    """(Replicate(), Shard(0)) on a 2 x 2 mesh: the shards of one replica, concatenated; a plain
+    tensor every rank holds whole is taken once."""
+    actor = tmp_path / "global_step_8" / "actor"
+    make_hf_folder(actor / "huggingface")
+    mp.spawn(save_hsdp_rank, args=(4, free_port(), str(actor), 2), nprocs=4)
+    same_numbers(scan(tmp_path / "global_step_8", PROMPTS, **FAST), plain_report)
+
+
+def test_shards_that_do_not_fit_the_config_name_what_does_not(tmp_path):
+    actor = tmp_path / "actor"
+    make_hf_folder(actor / "huggingface")
+    state = demo_state_dict()
+    state["model.embed_tokens.weight"] = torch.cat([state["model.embed_tokens.weight"]] * 2)
+    state["extra.weight"] = torch.zeros(2)
+    del state["model.norm.weight"]
+    for rank in range(2):
+        torch.save(state, actor / f"model_world_size_2_rank_{rank}.pt")
+    with pytest.raises(CollapsecheckError) as error:
+        scan(actor, PROMPTS, **FAST)
+    message = str(error.value)
+    assert "1 missing (model.norm.weight)" in message
+    assert "1 unexpected (extra.weight)" in message
+    assert "1 of another shape (model.embed_tokens.weight" in message
+
+
+def test_ranks_with_different_plain_tensors_are_refused(tmp_path):
     actor = tmp_path / "actor"
     make_hf_folder(actor / "huggingface")
     state = demo_state_dict()
     for rank in range(2):
         shard = {k: torch.tensor_split(v, 2, dim=0)[rank].clone() for k, v in state.items()}
+        torch.save(shard, actor / f"model_world_size_2_rank_{rank}.pt")
+    with pytest.raises(CollapsecheckError, match="the ranks hold different plain tensors"):
+        scan(actor, PROMPTS, **FAST)
+
+
+def test_a_merger_lora_folder_is_the_base_with_its_adapter(tmp_path):
+    """veRL's model merger, for a LoRA run: base weights in the target folder, the adapter in
+    lora_adapter/ with no base named. Read as base + adapter, and said so."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(HEALTHY)
+    adapted = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    target = tmp_path / "merged"
+    make_hf_folder(target)
+    AutoModelForCausalLM.from_pretrained(HEALTHY).save_pretrained(target)
+    adapted.save_pretrained(target / "lora_adapter")
+    config_path = target / "lora_adapter" / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    reference_dir = tmp_path / "reference"
+    adapted.merge_and_unload().save_pretrained(reference_dir)
+    make_hf_folder_files(reference_dir)
+    reference = scan(reference_dir, PROMPTS, **FAST)
+    for path in (target, target / "lora_adapter"):
+        report = scan(path, PROMPTS, **FAST)
+        same_numbers(report, reference)
+        assert "read as" in report.settings["checkpoint_note"]
+
+
+def make_hf_folder_files(destination):
+    for name in CONFIG_FILES:
+        if name != "config.json":
+            shutil.copy(HEALTHY / name, destination)
+
+
+def test_a_trl_output_dir_with_step_checkpoints_is_a_run(tmp_path):
+    """`trainer.save_model(output_dir)` leaves a model in output_dir beside checkpoint-N/."""
+    from collapsecheck.discovery import find_checkpoints
+
+    root = tmp_path / "output"
+    shutil.copytree(HEALTHY, root)
+    for step in (2, 4):
+        shutil.copytree(HEALTHY, root / f"checkpoint-{step}")
+    (root / "checkpoint-6").mkdir()  # an interrupted save: no weights
+    (root / "trainer_state.json").write_text(json.dumps({"global_step": 5, "log_history": []}))
+    notes = []
+    single, run = find_checkpoints(root, notes=notes)
+    assert single is None
+    assert [c.label for c in run] == ["2", "4", "5"]
+    assert run[-1].name == "output (final model)"
+    assert any("scanned as a run" in n for n in notes)
+    assert any("left out" in n and "checkpoint-6" in n for n in notes)
+
+
+def test_a_pickle_shard_needs_the_flag(tmp_path, plain_report):
+    actor = tmp_path / "actor"
+    make_hf_folder(actor / "huggingface")
+    state = demo_state_dict()
+    for rank in range(2):
+        shard = {k: v.clone() for k, v in state.items()}  # plain tensors every rank holds whole
         shard["trainer_args"] = argparse.Namespace(lr=1e-6)  # a Python object, not a tensor
         torch.save(shard, actor / f"model_world_size_2_rank_{rank}.pt")
     with pytest.raises(

@@ -37,7 +37,7 @@ def test_nan_log_probabilities_refuse_a_verdict_while_scoring(tmp_path):
     scan(HEALTHY, PROMPTS, dump=dump, **FAST)
     checkpoint = broken_copy(tmp_path, lambda state: state["model.norm.weight"].fill_(float("nan")))
     with pytest.raises(
-        CollapsecheckError, match="NaN or infinite log-probabilities for 144 of 144"
+        CollapsecheckError, match=r"NaN or infinite log-probabilities for (\d+) of \1 "
     ):
         score(checkpoint, dump, device="cpu")
 

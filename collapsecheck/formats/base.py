@@ -27,6 +27,8 @@ class Checkpoint:
     path: Path
     config_dir: Path
     base: Checkpoint | None = None
+    # what was read other than the folder named, or how it was read (said in the report)
+    note: str | None = None
 
 
 # Loads another checkpoint's weights (an adapter's base) with the same dtype and settings.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from collapsecheck.formats import peft_adapter
 from collapsecheck.formats.base import Checkpoint, LoadBase, Require, own_files, weight_files
 from collapsecheck.settings import LoadSettings
 
@@ -20,10 +21,22 @@ def is_model_directory(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file() and bool(weight_files(path))
 
 
+MERGER_ADAPTER = "lora_adapter"  # veRL's model merger puts a LoRA run's adapter here
+
+
 def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint | None:
     for candidate in (path / location for location in LOCATIONS):
-        if is_model_directory(candidate):
-            return Checkpoint(KIND, candidate, candidate)
+        if not is_model_directory(candidate):
+            continue
+        model = Checkpoint(KIND, candidate, candidate)
+        adapter = candidate / MERGER_ADAPTER
+        if (adapter / peft_adapter.ADAPTER_CONFIG).is_file():
+            note = (
+                f"{candidate} holds base weights and {adapter} a LoRA adapter (veRL's model "
+                "merger): read as the base with the adapter applied"
+            )
+            return Checkpoint(peft_adapter.KIND, adapter, candidate, model, note)
+        return model
     return None
 
 

@@ -1,9 +1,10 @@
 """veRL FSDP actor checkpoints: `model_world_size_W_rank_R.pt` shards beside
 `huggingface/config.json` (in the folder or its `actor/`), merged in memory.
 
-Each shard is one rank's state dict. Its values are DTensors (FSDP2) whose placement says
-how to merge them (Shard(d): concatenate along d in rank order; Replicate: any one), or
-plain tensors, which veRL concatenates along dimension 0.
+Each shard is one rank's state dict. Its values are DTensors (FSDP2) whose placements say how
+to merge them, one per mesh dimension (Shard(d): concatenate along d in mesh order;
+Replicate: one replica, as HSDP's `(Replicate(), Shard(0))` on a 2-D mesh needs), or plain
+tensors, taken once when every rank holds the same one (as veRL's merger does).
 
 The shards are Python pickles: loading one can run code. They are loaded with
 `weights_only=True`, which allows tensors and DTensors only; a shard that needs more is
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,19 +95,63 @@ def load_shard(path: Path, trust_pickle: bool) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def _assemble(key: str, mesh: Any, placements: Sequence[Any], local: Sequence[Any]) -> Any:
+    """The full tensor from the local shards of the ranks in `mesh` (a tensor of ranks),
+    one mesh dimension at a time: Shard(d) concatenates along d in mesh order, Replicate
+    takes the first replica (HSDP's replicas hold the same shards)."""
+    import torch
+
+    if mesh.ndim == 0:
+        return local[int(mesh)]
+    placement, inner = placements[0], placements[1:]
+    if placement.is_replicate():
+        return _assemble(key, mesh[0], inner, local)
+    if placement.is_shard():
+        parts = [_assemble(key, mesh[i], inner, local) for i in range(mesh.shape[0])]
+        return torch.cat(parts, dim=placement.dim)
+    raise CollapsecheckError(f"parameter {key}: placement {placement} cannot be merged")
+
+
 def _merge(key: str, values: list[Any]) -> Any:
+    """One parameter from every rank's value: DTensors by their placements; a plain tensor
+    taken once when every rank holds the same one, refused otherwise."""
     import torch
     from torch.distributed.tensor import DTensor
 
     if not isinstance(values[0], DTensor):
-        return values[0] if len(values) == 1 else torch.cat(values, dim=0)
-    placement = values[0].placements[-1]  # the FSDP dimension (a DDP one before it replicates)
-    local = [v.to_local() for v in values]
-    if placement.is_replicate():
-        return local[0]
-    if placement.is_shard():
-        return torch.cat(local, dim=placement.dim)
-    raise CollapsecheckError(f"parameter {key}: placement {placement} cannot be merged")
+        first = values[0]
+        if all(v.shape == first.shape and torch.equal(v, first) for v in values[1:]):
+            return first
+        raise CollapsecheckError(
+            f"parameter {key}: the ranks hold different plain tensors and no DTensor placement "
+            "says how to merge them"
+        )
+    mesh = values[0].device_mesh.mesh
+    return _assemble(key, mesh, values[0].placements, [v.to_local() for v in values])
+
+
+def fit_report(model: Any, state: dict[str, Any]) -> str | None:
+    """What does not fit between a model and a state dict: a few names of each kind, with
+    counts (None when everything fits). Tied weights the state leaves out are fine."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in expected if k not in state and k not in tied and "lm_head" not in k]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [
+        f"{k} {tuple(state[k].shape)} vs {expected[k]}"
+        for k in state
+        if k in expected and tuple(state[k].shape) != expected[k]
+    ]
+    parts = [
+        f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        for kind, names in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("of another shape", mismatched),
+        )
+        if names
+    ]
+    return "; ".join(parts) or None
 
 
 def load_fsdp_state_dict(actor_dir: Path, trust_pickle: bool = False) -> dict[str, Any]:
@@ -122,14 +168,13 @@ def load_weights(
 ) -> Any:
     model = model_from_config(checkpoint.config_dir, dtype, settings.trust_remote_code)
     state = load_fsdp_state_dict(checkpoint.path, settings.trust_checkpoint_pickle)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    missing = [k for k in missing if k not in tied and "lm_head" not in k]
-    if missing or unexpected:
+    misfit = fit_report(model, state)
+    if misfit is not None:
         raise CollapsecheckError(
-            f"{checkpoint.path}: the merged shards do not fit the config "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            f"{checkpoint.path}: the merged shards do not fit {checkpoint.config_dir}/config.json: "
+            f"{misfit}"
         )
-    if tied:
+    model.load_state_dict(state, strict=False)
+    if getattr(model, "_tied_weights_keys", None):
         model.tie_weights()
     return model

@@ -18,7 +18,15 @@ import time
 
 import numpy as np
 import torch
-from bench_scoring import DOCS, Tokenizer, build_model, machine, replace_section
+from bench_scoring import (
+    DOCS,
+    Tokenizer,
+    add_shape_arguments,
+    build_model,
+    machine,
+    random_prompts,
+    replace_section,
+)
 
 from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.cross_scoring import cross_score
@@ -31,13 +39,7 @@ HEADING = "## Information flow: the cost of the action matrices"
 def build_traces(args: argparse.Namespace, distinct_actions: int | None) -> tuple[list, list]:
     rng = np.random.default_rng(0)
     vocab = args.vocab
-    system = rng.integers(1, vocab, size=args.system_tokens).tolist()
-    prompts = [
-        tuple(
-            system + rng.integers(1, vocab, size=args.prompt_tokens - args.system_tokens).tolist()
-        )
-        for _ in range(args.n)
-    ]
+    prompts = random_prompts(args, rng)
     actions = [tuple(rng.integers(1, vocab, size=args.action_tokens).tolist())
                for _ in range(distinct_actions or args.n * args.k)]  # fmt: skip
     traces = []
@@ -61,20 +63,8 @@ def timed(backend: TransformersBackend, traces: list, prompts: list, flow: bool)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=384)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--heads", type=int, default=6)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--intermediate", type=int, default=1024)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--system-tokens", type=int, default=64)
-    parser.add_argument("--reasoning-tokens", type=int, default=128)
+    add_shape_arguments(parser)
     parser.add_argument("--action-tokens", type=int, default=8)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("-n", type=int, default=16)
-    parser.add_argument("-k", type=int, default=8)
     parser.add_argument("--write", action="store_true", help=f"write the section of {DOCS}")
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ from collapsecheck.metrics import (
     Estimate,
     MetricValue,
     bootstrap_prompt_weights,
+    finite_interval,
     interval_bounds,
     matched_and_marginal,
     point_value,
@@ -165,14 +166,6 @@ def _flow_from_weights(
     return out
 
 
-def _interval(draws: np.ndarray) -> tuple[float, float]:
-    finite = draws[np.isfinite(draws)]
-    if finite.size == 0:
-        return math.nan, math.nan
-    low, high = np.percentile(finite, [2.5, 97.5])
-    return float(low), float(high)
-
-
 def not_measured_reason(flow: FlowLogProbs | None) -> str | None:
     """Why the flow cannot be measured (SPEC: too few flow-valid traces, no action), if so."""
     if flow is None or len(flow.row_prompt) == 0:
@@ -203,7 +196,7 @@ def compute_flow_metrics(
     point = _flow_from_weights(flow, rows, np.ones((1, n)))
     boot = _flow_from_weights(flow, rows, bootstrap_prompt_weights(n, resamples, seed))
     metrics: dict[str, MetricValue] = {
-        key: Estimate(float(point[key][0]), *_interval(boot[key])) for key in FLOW_KEYS
+        key: Estimate(float(point[key][0]), *finite_interval(boot[key])) for key in FLOW_KEYS
     }
     if reasoning_all_identical(flow):
         for key in ("action_reasoning_mi", "action_reasoning_nmi", "action_reasoning_share"):
@@ -226,7 +219,7 @@ def paired_flow_differences(
     boot_a = _flow_from_weights(first, rows_a, weights)
     boot_b = _flow_from_weights(second, rows_b, weights)
     return {
-        key: Estimate(float(point[key] - base[key]), *_interval(boot_b[key] - boot_a[key]))
+        key: Estimate(float(point[key] - base[key]), *finite_interval(boot_b[key] - boot_a[key]))
         for key in point
     }
 

@@ -285,6 +285,16 @@ def _draws(
     return _metrics_from_weights(rows, counts, row_weights, prompt_weights, scores.num_prompts)
 
 
+def finite_interval(draws: np.ndarray) -> tuple[float, float]:
+    """95% percentile interval of the finite bootstrap draws (NaN with none): for statistics
+    that some resamples leave undefined (a correlation of constants, an empty group)."""
+    finite = draws[np.isfinite(draws)]
+    if finite.size == 0:
+        return math.nan, math.nan
+    low, high = np.percentile(finite, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def _interval(draws: np.ndarray) -> tuple[float, float]:
     """95% percentile interval of bootstrap draws (NaN with no draws)."""
     if draws.size == 0:

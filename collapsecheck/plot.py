@@ -89,6 +89,9 @@ def _along_steps(ax, run: RunReport) -> None:
         values, low, high = _series(run, key)
         ax.fill_between(x, low, high, color=colour, alpha=0.2, lw=0)
         ax.plot(x, values, "o-", color=colour, label=label, ms=4)
+    if all(step.report.snr is not None for step in run.steps):
+        zero = [step.report.snr["frac_reward_zero_std"] for step in run.steps]
+        ax.plot(x, zero, "^:", color="0.3", ms=4, label="prompts with tied rewards (share)")
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlim(edges[0], edges[-1])
     ax.set_xlabel(xlabel)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import spearmanr
 
-from collapsecheck.metrics import Estimate, bootstrap_prompt_weights
+from collapsecheck.metrics import Estimate, bootstrap_prompt_weights, finite_interval
 
 QUARTILES = 4
 KEEP_SLACK = 0.01  # RAGEN's linear top-p rule: reach rho x total - 0.01
@@ -80,14 +80,6 @@ def quartile_groups(std: np.ndarray) -> np.ndarray:
     return group_of_value[np.searchsorted(values, std)]
 
 
-def _interval(draws: np.ndarray) -> tuple[float, float]:
-    finite = draws[np.isfinite(draws)]
-    if finite.size == 0:
-        return math.nan, math.nan
-    low, high = np.percentile(finite, [2.5, 97.5])
-    return float(low), float(high)
-
-
 def _weighted(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return (weights @ values) / weights.sum(axis=1)
@@ -135,7 +127,7 @@ def quartile_table(
         }
         row: dict[str, object] = {"quartile": group + 1, "prompts": int(members.sum())}
         for key, draws in columns.items():
-            row[key] = Estimate(float(draws[0]), *_interval(draws[1:]))
+            row[key] = Estimate(float(draws[0]), *finite_interval(draws[1:]))
         table.append(row)
     return table
 
@@ -156,7 +148,7 @@ def rv_mi_spearman(std: np.ndarray, own_mi: np.ndarray, resamples: int, seed: in
     draws = np.array(
         [rho(rng.choice(prompts, size=len(prompts))) for _ in range(resamples)]
     ) if len(prompts) > 2 else np.array([])  # fmt: skip
-    return Estimate(rho(prompts), *_interval(draws))
+    return Estimate(rho(prompts), *finite_interval(draws))
 
 
 def snr_section(

@@ -198,3 +198,16 @@ def test_keep_prompts_needs_rewards_and_the_input_format():
         app, [*base, "--reward-fn", str(REWARD_FN), "--keep-prompts", "kept.parquet"]
     )
     assert wrong.exit_code == 2 and "give a file of that format" in wrong.output
+
+
+def test_a_run_with_rewards_shows_the_zero_variance_share_along_its_steps(tmp_path):
+    args = ["scan", str(EXAMPLES / "demo-run"), "-p", str(PROMPTS), "-n", "6", "-k", "4",
+            "--max-new-tokens", "48", "--device", "cpu", "--bootstrap", "100",
+            "--reward-fn", str(REWARD_FN), "--out", str(tmp_path / "cache"), "--fail-on", "none",
+            "--json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png")]  # fmt: skip
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "0-var" in result.output and "RV~MI" in result.output
+    steps = json.loads((tmp_path / "run.json").read_text())["steps"]
+    assert all(0 <= s["report"]["snr"]["frac_reward_zero_std"] <= 1 for s in steps)
+    assert (tmp_path / "run.png").stat().st_size > 10_000

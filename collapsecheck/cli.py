@@ -220,6 +220,32 @@ def write_kept_prompts(report: Any, prompt_file: Path, settings: Settings, path:
     )
 
 
+def run_log(path: Path, run: list, named: Path | None, skip: bool) -> tuple[Any, str | None]:
+    """The training log of a run, read before any model loads: the one named, else the one
+    its trainer left beside it; (None, why) when there is none or it is not wanted."""
+    from collapsecheck.training_logs import find_log, read_log
+
+    if not run:
+        return None, None
+    if skip:
+        return None, "not read (--no-train-log)"
+    if named is not None:
+        return read_log(named), None
+    log, reason = find_log(path, run[-1].checkpoint.path if run else None)
+    return log, (reason or None)
+
+
+def parse_train_keys(values: list[str]) -> dict[str, str]:
+    """--train-key NAME=KEY, repeatable."""
+    keys = {}
+    for value in values:
+        name, sep, key = value.partition("=")
+        if not (sep and name and key):
+            raise CollapsecheckError(f"--train-key expects NAME=KEY, got {value!r}")
+        keys[name] = key
+    return keys
+
+
 def check_why_outputs(
     keep_prompts: Path | None, prompts: Path | None, rewards: RewardSettings
 ) -> None:
@@ -340,6 +366,23 @@ def scan(
     markdown: Markdown = None,
     per_prompt: PerPrompt = None,
     keep_prompts: KeepPrompts = None,
+    train_log: Annotated[
+        Path | None,
+        typer.Option(
+            help="The run's training log: trainer_state.json, veRL file logger JSONL, "
+            "JSONL/CSV with a step column, or TensorBoard events."
+        ),
+    ] = None,
+    no_train_log: Annotated[
+        bool, typer.Option("--no-train-log", help="Do not read the run's training log.")
+    ] = False,
+    train_key: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=KEY: read series NAME from log key KEY (repeatable)."),
+    ] = None,
+    baseline: Annotated[
+        Path | None, typer.Option(help="The starting model, scanned as step 0 of the run.")
+    ] = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.console import print_notes, progress_bars
@@ -363,6 +406,13 @@ def scan(
             )
         if plot is not None and not run:
             raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
+        if not run and (baseline is not None or train_log is not None):
+            raise CollapsecheckError(
+                f"--baseline and --train-log go with a run directory, not one checkpoint: "
+                f"{checkpoint}"
+            )
+        log, log_reason = run_log(checkpoint, run, train_log, no_train_log)
+        keys = parse_train_keys(train_key or [])
         check_outputs(
             {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot,
              "--per-prompt": per_prompt, "--keep-prompts": keep_prompts},
@@ -374,8 +424,10 @@ def scan(
             if run:
                 report = scan_run(
                     checkpoint, prompt_file, settings, checkpoints=run, notes=notes,
-                    cache_root=out, rescan=rescan, **common,
+                    baseline=baseline, training_log=log, train_keys=keys, cache_root=out,
+                    rescan=rescan, **common,
                 )  # fmt: skip
+                report.training_log_reason = log_reason
             elif out is not None:
                 report = cached_scan(
                     single, prompt_file, settings, cache_root=out, rescan=rescan, **common

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
@@ -236,6 +237,25 @@ RUN_CAPTION = (
 )
 
 
+LOG_COLUMNS = ("reward", "entropy")  # the trainer's series shown beside normalized MI
+
+
+def _window(window: Any) -> str:
+    return "-" if window is None else _format(window.mean)
+
+
+def print_findings(console: Console, run: RunReport) -> None:
+    """What the trainer's own logs missed (SPEC's findings), or which log was read."""
+    if run.training_log is None:
+        if run.training_log_reason:
+            console.print(f"training log: {run.training_log_reason}", style="dim")
+        return
+    keys = ", ".join(f"{name}={key}" for name, key in run.training_log["keys"].items())
+    console.print(f"training log: {run.training_log['source']} ({keys})", style="dim")
+    for finding in run.findings:
+        console.print(Text(f"finding ({finding.kind}): ", style="bold yellow") + Text(finding.text))
+
+
 def snr_cells(report: Report) -> list[str]:
     if report.snr is None:
         return ["-", "-"]
@@ -253,6 +273,9 @@ def print_run(console: Console, run: RunReport) -> None:
     for title, _ in RUN_COLUMNS:
         table.add_column(title, justify="right", no_wrap=True)
     table.add_column("norm. MI 95%", justify="right", no_wrap=True)
+    logged = [name for name in LOG_COLUMNS if any(name in s.training_log for s in run.steps)]
+    for name in logged:
+        table.add_column(f"{name} (log)", justify="right")
     rewarded = any(step.report.snr is not None for step in run.steps)
     if rewarded:
         table.add_column("0-var", justify="right")
@@ -267,11 +290,13 @@ def print_run(console: Console, run: RunReport) -> None:
         label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
         onset = run.onset.kind if run.onset and run.onset.index == index else ""
         flow = step.report.flow.regime.replace("_", " ")
+        cells += [_window(step.training_log.get(name)) for name in logged]
         if rewarded:
             cells += snr_cells(step.report)
         table.add_row(label, *cells, regime_text(step.report), flow, Text(onset, style="bold"))
     console.print(table)
     print_notes(console, run.notes)
+    print_findings(console, run)
     cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
     if cached:
         console.print(

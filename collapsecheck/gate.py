@@ -91,18 +91,22 @@ def _cell(report: Report, key: str) -> str:
 def markdown_run(run: RunReport) -> list[str]:
     """The run's table and onset, in Markdown."""
     lines = [
-        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/token | regime | flow |",
-        "|---|---|---|---|---|---|",
+        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/token | regime | flow "
+        "| reward (log) | entropy (log) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for step in run.steps:
         report = step.report
         cells = [_cell(report, key) for key in RUN_KEYS]
+        logged = [step.training_log.get(name) for name in ("reward", "entropy")]
+        logs = " | ".join("-" if w is None else format_number(w.mean) for w in logged)
         lines.append(
             f"| {step.checkpoint.label} | {' | '.join(cells)} | `{report.verdict.regime}` "
-            f"| `{report.flow.regime}` |"
+            f"| `{report.flow.regime}` | {logs} |"
         )
     onset = f"step {run.onset_step} ({run.onset.kind}): {run.onset.reason}" if run.onset else "none"
-    return [*lines, "", f"**Onset:** {onset}", ""]
+    findings = [f"- **{f.kind}**: {f.text}" for f in run.findings]
+    return [*lines, "", f"**Onset:** {onset}", "", *findings, *([""] if findings else [])]
 
 
 def markdown_report(

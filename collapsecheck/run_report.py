@@ -9,6 +9,7 @@ from typing import Any
 
 from collapsecheck.discovery import RunCheckpoint
 from collapsecheck.files import write_text_atomic
+from collapsecheck.findings import Finding, Window
 from collapsecheck.flow import SHARE_KEYS as FLOW_SHARES
 from collapsecheck.metrics import point_value
 from collapsecheck.onset import Onset
@@ -22,6 +23,7 @@ EMA_KEYS = ("mi_zscore_ema", "mi_zscore_ema_seq", "marginal_std_ema", "marginal_
 class RunStep:
     checkpoint: RunCheckpoint
     report: Report
+    training_log: dict[str, Window] = field(default_factory=dict)  # the trainer's own series
 
 
 @dataclass
@@ -30,6 +32,9 @@ class RunReport:
     steps: list[RunStep]
     onset: Onset | None
     notes: list[str] = field(default_factory=list)  # checkpoints left out, a root read as a step
+    training_log: dict[str, Any] | None = None  # source, format, keys, skipped_nonfinite
+    training_log_reason: str | None = None  # why there is none
+    findings: list[Finding] = field(default_factory=list)
 
     @property
     def onset_step(self) -> int | str | None:
@@ -45,6 +50,9 @@ class RunReport:
             "onset_step": self.onset_step,
             "onset": self.onset.to_dict() if self.onset else None,
             "notes": self.notes,
+            "training_log": self.training_log,
+            "training_log_reason": self.training_log_reason,
+            "findings": [f.to_dict() for f in self.findings],
             "steps": [
                 {
                     "name": s.checkpoint.name,
@@ -52,6 +60,7 @@ class RunReport:
                     "checkpoint": str(s.checkpoint.checkpoint.path),
                     "format": s.checkpoint.checkpoint.kind,
                     "dump": str(s.report.dump_dir) if s.report.dump_dir else None,
+                    "training_log": {k: w.to_dict() for k, w in s.training_log.items()},
                     "report": s.report.to_dict(),
                 }
                 for s in self.steps

@@ -3,7 +3,7 @@ the z-score along the steps, and find the onset of collapse."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from collapsecheck.cache import default_cache_root, scan_key
 from collapsecheck.checkpoint import Checkpoint, require_checkpoint
 from collapsecheck.discovery import RunCheckpoint, require_run
 from collapsecheck.dump import REPORT_FILE
+from collapsecheck.findings import find, series_keys, step_windows
 from collapsecheck.flow import NOT_MEASURED, FlowThresholds, decide_flow
 from collapsecheck.metrics import apply_run_ema
 from collapsecheck.onset import ONSET_METRIC, Onset, detect_onset
@@ -19,6 +20,7 @@ from collapsecheck.report import Report
 from collapsecheck.run_report import RunReport, RunStep
 from collapsecheck.scan import scan
 from collapsecheck.settings import Settings, resolve_settings
+from collapsecheck.training_logs import TrainingLog
 from collapsecheck.verdict import Thresholds, decide
 
 
@@ -86,6 +88,9 @@ def scan_run(
     *,
     checkpoints: Sequence[RunCheckpoint] | None = None,
     notes: Sequence[str] = (),
+    baseline: str | Path | Checkpoint | None = None,
+    training_log: TrainingLog | None = None,
+    train_keys: Mapping[str, str] | None = None,
     cache_root: str | Path | None = None,
     rescan: bool = False,
     thresholds: Thresholds | None = None,
@@ -101,6 +106,10 @@ def scan_run(
     notes = list(notes)
     if checkpoints is None:
         checkpoints = require_run(run_dir, settings.load.base_model, notes)
+    if baseline is not None:
+        if not isinstance(baseline, Checkpoint):
+            baseline = require_checkpoint(baseline, settings.load.base_model)
+        checkpoints = [RunCheckpoint("baseline", 0, baseline), *checkpoints]
     advance = progress("run", len(checkpoints))
     steps = []
     for checkpoint in checkpoints:
@@ -117,4 +126,33 @@ def scan_run(
         steps.append(RunStep(checkpoint, report))
         advance(1)
     apply_run_ema([s.report.metrics for s in steps])
-    return RunReport(run_dir, steps, run_onset(steps), notes)
+    run = RunReport(run_dir, steps, run_onset(steps), notes)
+    if training_log is not None:
+        beside_the_log(run, training_log, train_keys or {}, baseline is not None)
+    return run
+
+
+def beside_the_log(
+    run: RunReport, log: TrainingLog, overrides: Mapping[str, str], baseline: bool
+) -> None:
+    """The trainer's series per step (SPEC's windows) and the findings, into the run report;
+    steps the log has no values for are named in its notes. Never changes a number of the
+    scan."""
+    keys = series_keys(list(log.points), overrides)
+    series = {name: log.series(key) for name, key in keys.items()}
+    windows = step_windows(series, [s.checkpoint.step for s in run.steps], baseline)
+    for step, values in zip(run.steps, windows, strict=True):
+        step.training_log = values
+    run.training_log = {
+        "source": log.source, "format": log.format, "keys": keys,
+        "skipped_nonfinite": log.skipped_nonfinite,
+    }  # fmt: skip
+    empty = [s.checkpoint.label for s, w in zip(run.steps, windows, strict=True) if not w]
+    if baseline:
+        empty = empty[1:]
+    if empty:
+        run.notes.append(
+            f"the training log {log.source} has no values for step(s) {', '.join(empty)}"
+        )
+    labels = [s.checkpoint.label for s in run.steps]
+    run.findings = find(labels, [s.report.metrics[ONSET_METRIC] for s in run.steps], windows)

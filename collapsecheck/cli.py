@@ -220,6 +220,23 @@ def write_kept_prompts(report: Any, prompt_file: Path, settings: Settings, path:
     )
 
 
+def check_combinations(
+    checkpoint: Path, is_run: bool, dump: Path | None, out: Path | None, plot: Path | None,
+    baseline: Path | None, train_log: Path | None,
+) -> None:  # fmt: skip
+    """Options that do not go together with what `checkpoint` is, refused before any work."""
+    if dump is not None and (is_run or out is not None):
+        raise CollapsecheckError(
+            "--dump takes one checkpoint without --out (cached scans keep their dump under --out)"
+        )
+    if plot is not None and not is_run:
+        raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
+    if not is_run and (baseline is not None or train_log is not None):
+        raise CollapsecheckError(
+            f"--baseline and --train-log go with a run directory, not one checkpoint: {checkpoint}"
+        )
+
+
 def run_log(path: Path, run: list, named: Path | None, skip: bool) -> tuple[Any, str | None]:
     """The training log of a run, read before any model loads: the one named, else the one
     its trainer left beside it; (None, why) when there is none or it is not wanted."""
@@ -399,18 +416,7 @@ def scan(
         single, run = find_checkpoints(checkpoint, load.base_model, notes)
         if not run:
             print_notes(stderr, notes)
-        if dump is not None and (run or out is not None):
-            raise CollapsecheckError(
-                "--dump takes one checkpoint without --out (cached scans keep their dump "
-                "under --out)"
-            )
-        if plot is not None and not run:
-            raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
-        if not run and (baseline is not None or train_log is not None):
-            raise CollapsecheckError(
-                f"--baseline and --train-log go with a run directory, not one checkpoint: "
-                f"{checkpoint}"
-            )
+        check_combinations(checkpoint, bool(run), dump, out, plot, baseline, train_log)
         log, log_reason = run_log(checkpoint, run, train_log, no_train_log)
         keys = parse_train_keys(train_key or [])
         check_outputs(

@@ -656,9 +656,8 @@ def score(
     loaded: Backend | None = None,
     **flags: Any,
 ) -> Report:
-    """Diagnose traces that were already sampled (rollouts, or a scan's dump) under the
-    checkpoint that produced them: no generation, only cross-scoring. Reports exactly as
-    `scan` does; `settings.sampling` is unused. `loaded`: as for `scan`."""
+    """Diagnose traces already sampled (rollouts, or a scan's dump) under the checkpoint that
+    produced them: cross-scoring only. Reports as `scan` does; `loaded`: as for `scan`."""
     settings = resolve_settings(settings, flags)
     started, started_at = time.perf_counter(), _now()
     options = rollout_options or RolloutOptions(

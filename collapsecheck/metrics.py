@@ -237,7 +237,9 @@ def _metrics_from_weights(
             return (row_weights @ x) / total
 
         def wstd(x: np.ndarray) -> np.ndarray:
-            return np.sqrt(np.maximum(wmean(x * x) - wmean(x) ** 2, 0.0))
+            # two passes: E[x^2] - E[x]^2 cancels catastrophically when the rows are alike
+            deviations = x[None, :] - wmean(x)[:, None]
+            return np.sqrt((row_weights * deviations**2).sum(axis=1) / total)
 
         out: dict[str, np.ndarray] = {}
         for unit, tag in (("mean", ""), ("seq", "_seq")):

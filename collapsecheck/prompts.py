@@ -121,7 +121,9 @@ def _is_jsonl(path: Path, lines: list[str]) -> bool:
     return first.startswith("{")
 
 
-def _jsonl_rows(path: Path, lines: list[str]) -> list[tuple[str, dict[str, Any], int]]:
+def jsonl_rows(path: Path, lines: list[str]) -> list[tuple[str, dict[str, Any], int]]:
+    """(where, row, line number) of each non-blank JSON-object line; anything else is an
+    error naming FILE:LINE."""
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -145,7 +147,7 @@ def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
 def _numbered_rows(path: Path) -> list[tuple[str, dict[str, Any], int]]:
     if path.suffix.lower() in PARQUET_SUFFIXES:
         return [(f"{path}: row {n}", row, n) for n, row in enumerate(read_parquet_rows(path), 1)]
-    return _jsonl_rows(path, _decode_lines(path))
+    return jsonl_rows(path, _decode_lines(path))
 
 
 def load_prompts(
@@ -160,7 +162,7 @@ def load_prompts(
     else:
         lines = _decode_lines(path)
         if _is_jsonl(path, lines):
-            rows = _jsonl_rows(path, lines)
+            rows = jsonl_rows(path, lines)
         else:
             rows = [
                 (f"{path}:{n}", {"prompt": line}, n)

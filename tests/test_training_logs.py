@@ -75,7 +75,7 @@ def test_tensorboard_events_written_by_summary_writer(tmp_path):
 @pytest.mark.parametrize(
     ("name", "text", "message"),
     [
-        ("log.jsonl", '{"step": 1, "data": {}}\nnot json\n', "log.jsonl:2: not JSON"),
+        ("log.jsonl", '{"step": 1, "data": {}}\nnot json\n', "log.jsonl:2: malformed JSON"),
         ("log.jsonl", '{"data": {"reward": 1}}\n', "log.jsonl:1: no step column"),
         ("log.csv", "reward\n1\n", "no step column"),
         ("log.jsonl", '{"step": "x", "reward": 1}\n', "is not a whole number"),

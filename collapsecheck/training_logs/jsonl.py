@@ -4,10 +4,9 @@ with a step column (W&B and MLflow exports)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from collapsecheck.errors import CollapsecheckError
+from collapsecheck.prompts import jsonl_rows
 from collapsecheck.training_logs.base import TrainingLog, lines, step_of
 
 FORMAT = "jsonl"
@@ -19,16 +18,7 @@ def matches(path: Path) -> bool:
 
 def read(path: Path) -> TrainingLog:
     log = TrainingLog(str(path), "veRL file logger")
-    for number, text in enumerate(lines(path), start=1):
-        if not text.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise CollapsecheckError(f"{where}: not JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise CollapsecheckError(f"{where}: expected a JSON object")
+    for where, row, _ in jsonl_rows(path, lines(path)):
         step = step_of(row, where)
         data = row.get("data") if isinstance(row.get("data"), dict) else None
         if data is None:

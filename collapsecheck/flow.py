@@ -121,14 +121,14 @@ def flow_rows(flow: FlowLogProbs) -> dict[str, np.ndarray]:
     }
 
 
-def _distinct_actions(flow: FlowLogProbs) -> tuple[np.ndarray, np.ndarray]:
+def distinct_actions(flow: FlowLogProbs) -> tuple[np.ndarray, np.ndarray]:
     """Per prompt: distinct action strings and flow-valid traces."""
     n = flow.num_prompts
-    distinct = np.zeros(n)
+    seen: list[set[str]] = [set() for _ in range(n)]
+    for action, prompt in zip(flow.actions, flow.row_prompt, strict=True):
+        seen[prompt].add(action)
     valid = np.bincount(flow.row_prompt, minlength=n).astype(float)
-    for j in range(n):
-        distinct[j] = len({a for a, p in zip(flow.actions, flow.row_prompt, strict=True) if p == j})
-    return distinct, valid
+    return np.array([len(s) for s in seen], dtype=float), valid
 
 
 def _flow_from_weights(
@@ -137,7 +137,7 @@ def _flow_from_weights(
     """Every flow metric for each weighting of the prompts (a row of `prompt_weights`)."""
     row_weights = prompt_weights[:, flow.row_prompt]
     log_n = math.log(flow.num_prompts)
-    distinct, valid = _distinct_actions(flow)
+    distinct, valid = distinct_actions(flow)
     with np.errstate(invalid="ignore", divide="ignore"):
         total = row_weights.sum(axis=1)
 

@@ -287,6 +287,13 @@ def _draws(
     return _metrics_from_weights(rows, counts, row_weights, prompt_weights, scores.num_prompts)
 
 
+def per_prompt_mean(row_prompt: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Per prompt, the mean of `values` over its rows (NaN for a prompt without rows)."""
+    counts = np.bincount(row_prompt, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.bincount(row_prompt, weights=values, minlength=n) / counts
+
+
 def finite_interval(draws: np.ndarray) -> tuple[float, float]:
     """95% percentile interval of the finite bootstrap draws (NaN with none): for statistics
     that some resamples leave undefined (a correlation of constants, an empty group)."""

@@ -10,16 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from collapsecheck.flow import FlowLogProbs, flow_rows
+from collapsecheck.flow import FlowLogProbs, distinct_actions, flow_rows
+from collapsecheck.metrics import per_prompt_mean
 from collapsecheck.snr import PromptRewards, RowStatistics, own_mi_per_prompt
 
 TEXT_CHARS = 80
-
-
-def _per_prompt_mean(rows: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    counts = np.bincount(rows, minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.bincount(rows, weights=values, minlength=n) / counts
 
 
 def _number(x: float) -> float | None:
@@ -42,19 +37,17 @@ def per_prompt_rows(
     log_n = math.log(n)
     table: dict[str, np.ndarray] = {
         "own_mi": own_mi_per_prompt(rows, n),
-        "retrieval_hit_rate": _per_prompt_mean(rows.row_prompt, rows.hit, n),
+        "retrieval_hit_rate": per_prompt_mean(rows.row_prompt, rows.hit, n),
         "distinct_reasoning_rate": distinct_reasoning / np.maximum(responses, 1),
     }
     if flow is not None:
         per_row = flow_rows(flow)
         for name in ("state", "reasoning", "input"):
-            values = _per_prompt_mean(flow.row_prompt, per_row[name], n)
+            values = per_prompt_mean(flow.row_prompt, per_row[name], n)
             table[f"action_{name}_nmi"] = values / log_n
-        acting = np.bincount(flow.row_prompt, minlength=n)
-        distinct = [len({a for a, p in zip(flow.actions, flow.row_prompt, strict=True) if p == j})
-                    for j in range(n)]  # fmt: skip
+        distinct, acting = distinct_actions(flow)
         with np.errstate(invalid="ignore", divide="ignore"):
-            table["distinct_action_rate"] = np.array(distinct) / acting
+            table["distinct_action_rate"] = distinct / acting
     if rewards is not None:
         table["reward_mean"], table["reward_std"] = rewards.mean, rewards.std
     out = []

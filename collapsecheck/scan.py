@@ -40,12 +40,18 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked
 from collapsecheck.flow import (
     FLOW_KEYS,
+    FlowLogProbs,
     FlowThresholds,
     compute_flow_metrics,
     decide_flow,
     not_measured_reason,
 )
-from collapsecheck.metrics import compute_metrics, count_per_prompt, row_statistics
+from collapsecheck.metrics import (
+    PromptCounts,
+    compute_metrics,
+    count_per_prompt,
+    row_statistics,
+)
 from collapsecheck.per_prompt import per_prompt_rows
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.prompts import (
@@ -117,13 +123,12 @@ def checkpoint_notes(checkpoint: str | Path | Checkpoint) -> dict[str, str]:
 def open_backend(
     checkpoint: str | Path | Checkpoint, given: Backend | None, settings: Settings
 ) -> Iterator[Backend]:
-    """The caller's backend, or one loaded for this scan and closed after it (a vLLM engine
-    stops its worker processes and returns their memory)."""
+    """The caller's backend, or one loaded for this scan from the checkpoint `resolve`
+    recognised, and closed after it (a vLLM engine stops its workers and returns their
+    memory)."""
     if given is not None:
         yield given
         return
-    if not isinstance(checkpoint, Checkpoint):
-        checkpoint = require_checkpoint(checkpoint, settings.load.base_model)
     backend = load_backend(checkpoint, settings.load)
     try:
         yield backend
@@ -346,21 +351,21 @@ def measure_flow(
     return compute_flow_metrics(flow, resamples=analysis.bootstrap, seed=analysis.seed), None
 
 
-def measure(
-    scores: CrossScores,
-    traces: Sequence[Trace],
-    num_prompts: int,
-    analysis: AnalysisSettings,
-    checkpoint: str,
-) -> dict[str, Any]:
-    """SPEC "Metrics" with their bootstrap intervals; NaN log-probabilities refuse a verdict."""
-    counts = count_per_prompt(
+def prompt_counts(traces: Sequence[Trace], num_prompts: int) -> PromptCounts:
+    """Per prompt: responses, valid and truncated traces, distinct reasoning strings."""
+    return count_per_prompt(
         num_prompts,
         [t.prompt_index for t in traces],
         [t.valid for t in traces],
         [t.truncated for t in traces],
         [t.reasoning for t in traces],
     )
+
+
+def measure(
+    scores: CrossScores, counts: PromptCounts, analysis: AnalysisSettings, checkpoint: str
+) -> dict[str, Any]:
+    """SPEC "Metrics" with their bootstrap intervals; NaN log-probabilities refuse a verdict."""
     try:
         return compute_metrics(
             scores.matrix, counts, resamples=analysis.bootstrap, seed=analysis.seed
@@ -460,12 +465,12 @@ def diagnose(
     scoring_s = round(time.perf_counter() - started, 3)
     if dump_dir is not None:
         write_matrix(dump_dir, scores)
-    metrics = measure(
-        scores, traces, len(prepared.rendered), settings.analysis, diagnosis.recorded["checkpoint"]
-    )
+    counts = prompt_counts(traces, len(prepared.rendered))
+    metrics = measure(scores, counts, settings.analysis, diagnosis.recorded["checkpoint"])
     flow_metrics, not_measured = measure_flow(scores, settings.analysis, settings.scoring.no_flow)
     metrics.update(flow_metrics)
-    why = explain(scores, traces, prepared, rewards, diagnosis)
+    measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None
+    why = explain(scores, traces, prepared, counts, measured_flow, rewards, diagnosis)
     report = Report(
         metrics=metrics,
         verdict=decide(metrics, diagnosis.thresholds),
@@ -507,19 +512,16 @@ def explain(
     scores: CrossScores,
     traces: Sequence[Trace],
     prepared: Prepared,
+    counts: PromptCounts,
+    measured: FlowLogProbs | None,
     rewards: list[list[float]] | None,
     diagnosis: Diagnosis,
 ) -> Why:
-    """Why it collapsed, from the rewards (SPEC "Why: reward variance"), and which prompts."""
+    """Why it collapsed, from the rewards (SPEC "Why: reward variance"), and which prompts;
+    `measured`: the flow's matrices where it was measured."""
     n = len(prepared.rendered)
     rows = row_stats(scores)
-    flow = scores.flow.logprobs if scores.flow is not None else None
-    measured = flow if flow is not None and not_measured_reason(flow) is None else None
     per_reward = PromptRewards.of(rewards) if rewards is not None else None
-    counts = count_per_prompt(
-        n, [t.prompt_index for t in traces], [t.valid for t in traces],
-        [t.truncated for t in traces], [t.reasoning for t in traces],
-    )  # fmt: skip
     table = per_prompt_rows(
         [prompt_summary(p) for p in prepared.prompts], counts.responses, counts.valid,
         counts.distinct_reasoning, rows, measured, per_reward,

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import spearmanr
 
-from collapsecheck.metrics import Estimate, bootstrap_prompt_weights, finite_interval
+from collapsecheck.metrics import (
+    Estimate,
+    bootstrap_prompt_weights,
+    finite_interval,
+    per_prompt_mean,
+)
 
 QUARTILES = 4
 KEEP_SLACK = 0.01  # RAGEN's linear top-p rule: reach rho x total - 0.01
@@ -97,10 +102,7 @@ class RowStatistics:
 
 def own_mi_per_prompt(rows: RowStatistics, num_prompts: int) -> np.ndarray:
     """Per prompt, the mean of matched - marginal over its rows, / log N (NaN without rows)."""
-    sums = np.bincount(rows.row_prompt, weights=rows.mi, minlength=num_prompts)
-    counts = np.bincount(rows.row_prompt, minlength=num_prompts)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return sums / counts / math.log(num_prompts)
+    return per_prompt_mean(rows.row_prompt, rows.mi, num_prompts) / math.log(num_prompts)
 
 
 def quartile_table(

@@ -455,8 +455,8 @@ class TransformersBackend:
         rows = [group.keys[b] for b in batch]
         ids = _right_pad(rows, self.pad_id, self.device)
         context_length = group.cache.get_seq_length()
-        cache = copy.deepcopy(group.cache)
-        cache.batch_repeat_interleave(len(rows))
+        one_row = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+        cache = _select_rows(group.cache, one_row)  # the context's one row, once per stem
         logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits
         # stem token 0 is predicted by the context's last logits, token t by logits[t-1]
         first = token_logprobs(group.first_logits.expand(len(rows), -1)[:, None, :], ids[:, :1])

@@ -9,7 +9,6 @@ and everything above the backend are the same as with transformers.
 from __future__ import annotations
 
 import gc
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,10 +45,6 @@ def _is_worker(process: psutil.Process) -> bool:
         return "resource_tracker" not in " ".join(process.cmdline())
     except psutil.Error:
         return False
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
 
 
 def engine_device(device: str) -> str:

@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: install demo test test-vllm vllm-env lint format fixtures examples bench bench-vllm clean
+.PHONY: install demo test test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
 
 install: $(STAMP)
 
@@ -58,8 +58,21 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format collapsecheck tests scripts bench
 	$(VENV)/bin/ruff check --fix collapsecheck tests scripts bench
 
+# The demo checkpoints, then the GRPO demo run trained by TRL's GRPOTrainer (the pinned
+# `fixtures` extra); CI reads the shipped files and installs neither.
 fixtures: $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,fixtures]"
 	$(PY) scripts/make_fixtures.py
+	$(PY) scripts/make_grpo_run.py
+
+# Checkpoints written by veRL's own code (FSDP2 engine, checkpoint manager, merger) on CPU, in
+# an environment of their own (veRL pins its own transformers): tests/fixtures/verl-0.9.1/
+VERL_FIXTURES_VENV ?= .venv-verl
+verl-fixtures:
+	python3 -m venv $(VERL_FIXTURES_VENV)
+	$(VERL_FIXTURES_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(VERL_FIXTURES_VENV)/bin/python -m pip install -q "verl==0.9.1"
+	$(VERL_FIXTURES_VENV)/bin/python scripts/make_verl_fixtures.py
 
 examples: $(STAMP)
 	$(PY) scripts/make_examples.py

@@ -19,6 +19,7 @@ import functools
 import inspect
 import os
 import signal
+import sys
 import traceback
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -56,8 +57,19 @@ app = typer.Typer(
     help="Detect template collapse in RL-trained LLM agents. Every metric and the verdict are "
     "defined in the SPEC: `collapsecheck spec` prints it.",
 )
-stdout = Console()
-stderr = Console(stderr=True)
+
+
+def console(to_stderr: bool = False) -> Console:
+    """A terminal keeps its width; a pipe or a CI log, which rich would cut to 80 columns,
+    gets room for a run's table (COLUMNS, where set, still wins)."""
+    stream = sys.stderr if to_stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=to_stderr, width=PIPED_WIDTH if piped else None)
+
+
+PIPED_WIDTH = 180
+stdout = console()
+stderr = console(to_stderr=True)
 state = {"debug": os.environ.get(DEBUG_ENV, "") not in ("", "0")}
 
 # The heading each settings group's options appear under in --help.

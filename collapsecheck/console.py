@@ -237,9 +237,6 @@ RUN_CAPTION = (
 )
 
 
-LOG_COLUMNS = ("reward", "entropy")  # the trainer's series shown beside normalized MI
-
-
 def _window(window: Any) -> str:
     return "-" if window is None else _format(window.mean)
 
@@ -269,20 +266,19 @@ def print_run(console: Console, run: RunReport) -> None:
         title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False,
         caption=RUN_CAPTION, caption_justify="left",
     )  # fmt: skip
-    table.add_column("step")
+    table.add_column("step", no_wrap=True)
     for title, _ in RUN_COLUMNS:
         table.add_column(title, justify="right", no_wrap=True)
     table.add_column("norm. MI 95%", justify="right", no_wrap=True)
-    logged = [name for name in LOG_COLUMNS if any(name in s.training_log for s in run.steps)]
+    logged = run.logged_series
     for name in logged:
-        table.add_column(f"{name} (log)", justify="right")
+        table.add_column(f"{name} (log)", justify="right", no_wrap=True)
     rewarded = any(step.report.snr is not None for step in run.steps)
     if rewarded:
-        table.add_column("0-var", justify="right")
-        table.add_column("RV~MI", justify="right")
-    table.add_column("regime")
-    table.add_column("flow")
-    table.add_column("onset")
+        table.add_column("0-var", justify="right", no_wrap=True)
+        table.add_column("RV~MI", justify="right", no_wrap=True)
+    for title in ("regime", "flow", "onset"):
+        table.add_column(title, no_wrap=True)
     for index, step in enumerate(run.steps):
         metrics = step.report.metrics
         cells = [_format(point_value(metrics[key])) for _, key in RUN_COLUMNS]

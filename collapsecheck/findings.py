@@ -6,7 +6,7 @@ findings that say what the usual monitoring missed. Pure: numbers in, numbers an
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from collapsecheck.metrics import MetricValue, interval_bounds, point_value
@@ -23,6 +23,7 @@ SERIES = {
         "train/completions/mean_length",
     ),
 }
+SHOWN = ("reward", "entropy")  # shown beside normalized MI, with any --train-key series
 MI_FELL = 0.3  # the drop of normalized MI that counts, with non-overlapping intervals
 ENTROPY_STILL = 0.25  # entropy within 25% of where it was: the dashboard saw nothing
 ZERO_VARIANCE_RISE = 0.1
@@ -50,6 +51,13 @@ def series_keys(available: Sequence[str], overrides: Mapping[str, str]) -> dict[
             keys[name] = found
     keys.update(overrides)
     return keys
+
+
+def shown_series(present: Iterable[str]) -> list[str]:
+    """The trainer's series that a run's table, summary and plot show beside normalized MI
+    (SPEC): reward and entropy, then any series named with `--train-key`."""
+    present = set(present)
+    return [name for name in SHOWN if name in present] + sorted(present - set(SERIES))
 
 
 def window(values: Sequence[tuple[int, float]], after: int | None, upto: int) -> Window | None:

@@ -90,20 +90,17 @@ def _cell(report: Report, key: str) -> str:
 
 def markdown_run(run: RunReport) -> list[str]:
     """The run's table and onset, in Markdown."""
-    lines = [
-        "| step | normalized MI | retrieval skill | H(Z\\|X) nats/token | regime | flow "
-        "| reward (log) | entropy (log) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    logged = run.logged_series
+    header = ["step", "normalized MI", "retrieval skill", "H(Z\\|X) nats/token", "regime", "flow"]
+    header += [f"{name} (log)" for name in logged]
+    lines = [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
     for step in run.steps:
         report = step.report
         cells = [_cell(report, key) for key in RUN_KEYS]
-        logged = [step.training_log.get(name) for name in ("reward", "entropy")]
-        logs = " | ".join("-" if w is None else format_number(w.mean) for w in logged)
-        lines.append(
-            f"| {step.checkpoint.label} | {' | '.join(cells)} | `{report.verdict.regime}` "
-            f"| `{report.flow.regime}` | {logs} |"
-        )
+        cells += [f"`{report.verdict.regime}`", f"`{report.flow.regime}`"]
+        windows = [step.training_log.get(name) for name in logged]
+        cells += ["-" if w is None else format_number(w.mean) for w in windows]
+        lines.append(f"| {step.checkpoint.label} | {' | '.join(cells)} |")
     onset = f"step {run.onset_step} ({run.onset.kind}): {run.onset.reason}" if run.onset else "none"
     findings = [f"- **{f.kind}**: {f.text}" for f in run.findings]
     return [*lines, "", f"**Onset:** {onset}", "", *findings, *([""] if findings else [])]

@@ -1,5 +1,6 @@
 """The picture of a run (`--plot FILE.png`): input dependence and entropy along the steps,
-and the four-quadrant view of entropy against MI with the run's path through it."""
+the trainer's own reward and entropy beside normalized MI (when a training log was read), and
+the four-quadrant view of entropy against MI with the run's path through it."""
 
 from __future__ import annotations
 
@@ -114,6 +115,42 @@ def _along_steps(ax, run: RunReport) -> None:
     ax.set_title("Along the run (bands: verdict at each checkpoint)", fontsize=10)
 
 
+TRAINER_COLOURS = {"reward": "#c62828", "entropy": "#2e7d32"}
+
+
+def _trainer_view(ax, run: RunReport) -> None:
+    """The trainer's dashboard beside the diagnosis (SPEC "Training logs beside the
+    diagnosis"): each logged series and normalized MI as a multiple of its value at the
+    first checkpoint that has it, so "reward up, entropy flat, input dependence gone" reads
+    at a glance. A series whose first value is 0 cannot be indexed and is left out."""
+    x, xlabel = _x_positions(run)
+    mi, mi_low, mi_high = _series(run, "normalized_mi")
+    if mi[0] > 0:
+        ax.fill_between(x, mi_low / mi[0], mi_high / mi[0], color="#1f5fa8", alpha=0.2, lw=0)
+        ax.plot(x, mi / mi[0], "o-", color="#1f5fa8", ms=4, label="normalized MI (collapsecheck)")
+    for name in run.logged_series:
+        rows = [
+            (i, s.training_log[name]) for i, s in enumerate(run.steps) if name in s.training_log
+        ]
+        first = rows[0][1].mean
+        if first == 0:
+            continue
+        at = np.array([x[i] for i, _ in rows])
+        means = np.array([w.mean for _, w in rows])
+        errors = np.array([w.stderr or 0.0 for _, w in rows])
+        colour = TRAINER_COLOURS.get(name)
+        ax.errorbar(
+            at, means / first, yerr=errors / abs(first), fmt="s--", ms=4, capsize=2,
+            color=colour, label=f"{name} (trainer's log)",
+        )  # fmt: skip
+    ax.axhline(1.0, color="0.6", lw=0.8, ls=":")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("relative to the first checkpoint (= 1)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
+    ax.set_title("What the trainer's dashboard showed, and what it missed", fontsize=10)
+
+
 def _quadrants(ax, run: RunReport) -> None:
     thresholds = run.steps[0].report.thresholds
     mi, mi_low, mi_high = _series(run, "normalized_mi")
@@ -170,9 +207,13 @@ def plot_run(run: RunReport, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"wspace": 0.32})
-    _along_steps(left, run)
-    _quadrants(right, run)
+    logged = bool(run.logged_series)
+    panels = 3 if logged else 2
+    figure, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 5), gridspec_kw={"wspace": 0.32})
+    _along_steps(axes[0], run)
+    if logged:
+        _trainer_view(axes[1], run)
+    _quadrants(axes[-1], run)
     onset = f"onset at step {run.onset_step}" if run.onset is not None else "no onset"
     figure.suptitle(f"collapsecheck: {run.run_dir.name} ({onset})", fontsize=12)
     try:

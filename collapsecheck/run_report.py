@@ -9,7 +9,7 @@ from typing import Any
 
 from collapsecheck.discovery import RunCheckpoint
 from collapsecheck.files import write_text_atomic
-from collapsecheck.findings import Finding, Window
+from collapsecheck.findings import Finding, Window, shown_series
 from collapsecheck.flow import SHARE_KEYS as FLOW_SHARES
 from collapsecheck.metrics import point_value
 from collapsecheck.onset import Onset
@@ -42,6 +42,11 @@ class RunReport:
             return None
         checkpoint = self.steps[self.onset.index].checkpoint
         return checkpoint.step if checkpoint.step is not None else checkpoint.name
+
+    @property
+    def logged_series(self) -> list[str]:
+        """The trainer's series shown beside normalized MI (reward, entropy, --train-key)."""
+        return shown_series(name for step in self.steps for name in step.training_log)
 
     def to_dict(self) -> dict[str, Any]:
         return {

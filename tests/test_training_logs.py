@@ -5,13 +5,15 @@ the findings, and bad logs refused before any model loads."""
 
 import json
 import math
+import re
 
+import matplotlib.image
 import pytest
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.findings import Window, find, series_keys, step_windows, window
+from collapsecheck.findings import Window, find, series_keys, shown_series, step_windows, window
 from collapsecheck.metrics import Estimate
 from collapsecheck.training_logs import find_log, read_log
 from tests.conftest import PROMPTS, RUN
@@ -107,6 +109,12 @@ def test_windows_average_the_steps_since_the_previous_checkpoint():
     assert step_windows({"r": every_other}, [5, 10], baseline=False)[0]["r"].n == 2
 
 
+def test_the_run_shows_reward_entropy_and_every_train_key_series():
+    present = ["kl", "entropy", "accuracy", "frac_reward_zero_std", "reward", "format"]
+    assert shown_series(present) == ["reward", "entropy", "accuracy", "format"]
+    assert shown_series(["kl"]) == []
+
+
 def est(value, half=0.02):
     return Estimate(value, value - half, value + half)
 
@@ -148,16 +156,27 @@ def test_a_run_with_a_log_shows_it_beside_the_diagnosis(tmp_path):
     args = ["scan", str(RUN), "-p", str(PROMPTS), "-n", "8", "-k", "4", "--max-new-tokens", "48",
             "--device", "cpu", "--bootstrap", "100", "--out", str(tmp_path / "cache"),
             "--fail-on", "none", "--json", str(tmp_path / "run.json")]  # fmt: skip
-    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*args, "--train-log", str(log)])
+    plot = tmp_path / "run.png"
+    result = CliRunner().invoke(app, [*args, "--train-log", str(log), "--plot", str(plot)])
     assert result.exit_code == 0, result.output
     assert "reward (log)" in result.output and "finding (entropy_blind)" in result.output
+    # a piped console is wide enough for the table: every step's row is there, uncut
+    rows = [re.search(rf"^\s*{s}00\s+│\s+-?[0-9.]+\s", result.output, re.M) for s in range(1, 6)]
+    assert all(rows), result.output
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["training_log"]["keys"]["reward"] == "reward"
     assert run["steps"][0]["training_log"]["reward"]["n"] == 10
     assert {f["kind"] for f in run["findings"]} == {
         "entropy_blind", "reward_without_input", "zero_variance_rising",
     }  # fmt: skip
-    plain = CliRunner().invoke(app, [*args, "--no-train-log", "--json", str(tmp_path / "p.json")])
+    plain_plot = tmp_path / "plain.png"
+    plain = CliRunner().invoke(
+        app,
+        [*args, "--no-train-log", "--json", str(tmp_path / "p.json"), "--plot", str(plain_plot)],
+    )
+    # the plot gains the trainer's panel: three panels where the plain run has two
+    width = matplotlib.image.imread(plot).shape[1]
+    assert width > 1.3 * matplotlib.image.imread(plain_plot).shape[1]
     again = json.loads((tmp_path / "p.json").read_text())
     assert [s["report"]["metrics"] for s in again["steps"]] == [
         s["report"]["metrics"] for s in run["steps"]

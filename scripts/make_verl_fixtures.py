@@ -13,6 +13,9 @@ veRL's FSDPCheckpointManager writing `global_step_1/actor/`; then veRL's own mer
 - lora-only: the same with save_lora_only (the shards hold only the LoRA tensors). veRL's
   merger writes the adapter to lora_adapter/ and then refuses its own output for lacking base
   weights; the adapter it wrote is kept as the reference.
+
+Also a training log by veRL's own file logger (`Tracking(default_backend=["file"])`), with
+numpy values and a NaN, which veRL's JSON writer turns into null.
 """
 
 from __future__ import annotations
@@ -62,6 +65,23 @@ def write_base(directory: Path) -> None:
     model.generation_config.save_pretrained(directory)
 
 
+def write_file_log(root: Path) -> None:
+    """Ten steps of a veRL run's metrics, written by veRL's file logger."""
+    import numpy as np
+    from verl.utils.tracking import Tracking
+
+    os.environ["VERL_FILE_LOGGER_ROOT"] = str(root)
+    tracking = Tracking(project_name="gridworld", experiment_name="grpo", default_backend=["file"])
+    for step in range(1, 11):
+        metrics = {
+            "critic/score/mean": np.float32(0.3 + step / 20),
+            "actor/entropy": 0.5 - step / 100,
+            "actor/pg_loss": float("nan") if step == 4 else -0.01 * step,
+            "training/global_step": step,
+        }
+        tracking.log(metrics, step=step)
+
+
 def verl_env() -> dict[str, str]:
     return {
         **os.environ,
@@ -106,6 +126,7 @@ def main() -> None:
             if not lora_only:
                 raise
             print(f"{case}: veRL's merger refused its LoRA-only output; lora_adapter/ kept")
+    write_file_log(OUT / "file_logger")
     (OUT / "VERSIONS").write_text(
         f"verl {version('verl')}\ntorch {torch.__version__}\n"
         f"transformers {version('transformers')}\npeft {version('peft')}\n"

@@ -1,6 +1,6 @@
 """Training logs beside the diagnosis (SPEC "Training logs beside the diagnosis"): readers on
 files written by the libraries themselves (transformers' TrainerState, TensorBoard's
-SummaryWriter; veRL's file logger format, veRL not being installable here), window means,
+SummaryWriter, veRL's file logger), window means,
 the findings, and bad logs refused before any model loads."""
 
 import json
@@ -16,7 +16,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.findings import Window, find, series_keys, shown_series, step_windows, window
 from collapsecheck.metrics import Estimate
 from collapsecheck.training_logs import find_log, read_log
-from tests.conftest import PROMPTS, RUN
+from tests.conftest import PROMPTS, ROOT, RUN
 
 
 def test_trl_trainer_state_written_by_transformers(tmp_path):
@@ -50,6 +50,19 @@ def test_verl_file_logger_lines_and_a_resumed_run(tmp_path):
     assert log.format == "veRL file logger"
     assert dict(log.series("critic/score/mean")) == {1: 0.1, 2: 9.0, 3: 0.3}
     assert series_keys(list(log.points), {})["reward"] == "critic/score/mean"
+
+
+def test_a_log_written_by_veRLs_own_file_logger():
+    """Written by veRL 0.9.1's Tracking(default_backend=["file"]) (tests/fixtures): numpy
+    values, and a NaN that its JSON writer turns into null."""
+    path = ROOT / "tests" / "fixtures" / "verl-0.9.1" / "file_logger" / "gridworld" / "grpo.jsonl"
+    log = read_log(path)
+    assert log.series("critic/score/mean")[0] == (1, pytest.approx(0.35))
+    assert len(log.series("actor/entropy")) == 10
+    assert len(log.series("actor/pg_loss")) == 9 and log.skipped_nonfinite == 1
+    assert series_keys(list(log.points), {}) == {
+        "reward": "critic/score/mean", "entropy": "actor/entropy",
+    }  # fmt: skip
 
 
 def test_wandb_style_csv_with_a_step_column(tmp_path):

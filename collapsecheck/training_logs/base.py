@@ -12,7 +12,8 @@ from typing import Any
 @dataclass
 class TrainingLog:
     """Every numeric key of a log with its (step, value) points; a repeated step (a resumed
-    run) keeps its later value. Non-finite values are skipped and counted."""
+        run) keeps its later value. Non-finite values (and nulls, as which veRL's file logger writes
+    NaN) are skipped and counted."""
 
     source: str
     format: str
@@ -20,6 +21,9 @@ class TrainingLog:
     skipped_nonfinite: int = 0
 
     def add(self, step: int, key: str, value: Any) -> None:
+        if value is None:  # veRL's file logger (orjson) writes NaN as null
+            self.skipped_nonfinite += 1
+            return
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             return  # text, lists, nested objects: not a series
         if not math.isfinite(float(value)):

@@ -146,7 +146,7 @@ def _trainer_view(ax, run: RunReport) -> None:
     ax.axhline(1.0, color="0.6", lw=0.8, ls=":")
     ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("relative to the first checkpoint (= 1)")
+    ax.set_ylabel("relative to its first value (= 1)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
     ax.set_title("What the trainer's dashboard showed, and what it missed", fontsize=10)
 

@@ -64,6 +64,8 @@ fixtures: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,fixtures]"
 	$(PY) scripts/make_fixtures.py
 	$(PY) scripts/make_grpo_run.py
+	$(PY) scripts/make_grpo_run.py --shortcut-weight 0 --steps 60 --save-steps 30 --save-final \
+		--out tests/fixtures/trl-grpo-task-only
 
 # Checkpoints written by veRL's own code (FSDP2 engine, checkpoint manager, merger) on CPU, in
 # an environment of their own (veRL pins its own transformers): tests/fixtures/verl-0.9.1/

@@ -249,21 +249,6 @@ def check_combinations(
         )
 
 
-def run_log(path: Path, run: list, named: Path | None, skip: bool) -> tuple[Any, str | None]:
-    """The training log of a run, read before any model loads: the one named, else the one
-    its trainer left beside it; (None, why) when there is none or it is not wanted."""
-    from collapsecheck.training_logs import find_log, read_log
-
-    if not run:
-        return None, None
-    if skip:
-        return None, "not read (--no-train-log)"
-    if named is not None:
-        return read_log(named), None
-    log, reason = find_log(path, run[-1].checkpoint.path if run else None)
-    return log, (reason or None)
-
-
 def parse_train_keys(values: list[str]) -> dict[str, str]:
     """--train-key NAME=KEY, repeatable."""
     keys = {}
@@ -416,7 +401,7 @@ def scan(
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.console import print_notes, progress_bars
     from collapsecheck.discovery import find_checkpoints
-    from collapsecheck.runs import cached_scan, scan_run
+    from collapsecheck.runs import cached_scan, run_training_log, scan_run
     from collapsecheck.scan import scan as run_scan
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
@@ -429,7 +414,9 @@ def scan(
         if not run:
             print_notes(stderr, notes)
         check_combinations(checkpoint, bool(run), dump, out, plot, baseline, train_log)
-        log, log_reason = run_log(checkpoint, run, train_log, no_train_log)
+        if run:  # read before any model loads: a bad log is refused first
+            wanted = False if no_train_log else (train_log or True)
+            log, log_reason = run_training_log(checkpoint, run, wanted)
         keys = parse_train_keys(train_key or [])
         check_outputs(
             {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot,
@@ -442,8 +429,8 @@ def scan(
             if run:
                 report = scan_run(
                     checkpoint, prompt_file, settings, checkpoints=run, notes=notes,
-                    baseline=baseline, training_log=log, train_keys=keys, cache_root=out,
-                    rescan=rescan, **common,
+                    baseline=baseline, training_log=False if log is None else log,
+                    train_keys=keys, cache_root=out, rescan=rescan, **common,
                 )  # fmt: skip
                 report.training_log_reason = log_reason
             elif out is not None:

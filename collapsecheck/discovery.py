@@ -94,7 +94,7 @@ def find_checkpoints(
                 "run, the folder's own model as the last row"
                 + (f" (step {step}, from its {TRAINER_STATE})" if step is not None else "")
             )
-            final = RunCheckpoint(f"{path.name} (final model)", step, single)
+            final = RunCheckpoint("final model", step, single)
             return None, sorted([*steps, final], key=_order)
         if single is not None:
             return single, []

@@ -20,7 +20,7 @@ from collapsecheck.report import Report
 from collapsecheck.run_report import RunReport, RunStep
 from collapsecheck.scan import scan
 from collapsecheck.settings import Settings, resolve_settings
-from collapsecheck.training_logs import TrainingLog
+from collapsecheck.training_logs import TrainingLog, find_log, read_log
 from collapsecheck.verdict import Thresholds, decide
 
 
@@ -81,6 +81,23 @@ def run_onset(steps: Sequence[RunStep]) -> Onset | None:
     )
 
 
+def run_training_log(
+    run_dir: str | Path, checkpoints: Sequence[RunCheckpoint], log: str | Path | bool = True
+) -> tuple[TrainingLog | None, str | None]:
+    """The training log of a run (SPEC "Training logs beside the diagnosis"), read before any
+    model loads: `log` a path, that file; True, the one its trainer left beside it (TRL's
+    trainer_state.json in the highest step's checkpoint, or the root; veRL's
+    tensorboard_log); False, none. (None, why) when there is none."""
+    if log is False:
+        return None, "not read (--no-train-log)"
+    if log is not True:
+        return read_log(log), None
+    stepped = [c for c in checkpoints if c.step is not None]
+    latest = (stepped or list(checkpoints) or [None])[-1]
+    found, reason = find_log(Path(run_dir), latest.checkpoint.path if latest else None)
+    return found, (reason or None)
+
+
 def scan_run(
     run_dir: str | Path,
     prompts: str | Path,
@@ -89,7 +106,7 @@ def scan_run(
     checkpoints: Sequence[RunCheckpoint] | None = None,
     notes: Sequence[str] = (),
     baseline: str | Path | Checkpoint | None = None,
-    training_log: TrainingLog | None = None,
+    training_log: TrainingLog | str | Path | bool = True,
     train_keys: Mapping[str, str] | None = None,
     cache_root: str | Path | None = None,
     rescan: bool = False,
@@ -100,12 +117,17 @@ def scan_run(
 ) -> RunReport:
     """Scan each checkpoint of a run directory with the same prompts and seed, in step order,
     through the results cache (`cache_root`, else the default cache). `checkpoints`: those
-    `discovery.find_checkpoints` found (with its `notes`), when the caller already has them."""
+    `discovery.find_checkpoints` found (with its `notes`), when the caller already has them.
+    `training_log`: a log already read, a path, True (the one the trainer left beside the
+    run, when there is one) or False (none)."""
     settings = resolve_settings(settings, flags)
     run_dir = Path(run_dir)
     notes = list(notes)
     if checkpoints is None:
         checkpoints = require_run(run_dir, settings.load.base_model, notes)
+    log_reason = None
+    if not isinstance(training_log, TrainingLog):
+        training_log, log_reason = run_training_log(run_dir, checkpoints, training_log)
     if baseline is not None:
         if not isinstance(baseline, Checkpoint):
             baseline = require_checkpoint(baseline, settings.load.base_model)
@@ -126,7 +148,7 @@ def scan_run(
         steps.append(RunStep(checkpoint, report))
         advance(1)
     apply_run_ema([s.report.metrics for s in steps])
-    run = RunReport(run_dir, steps, run_onset(steps), notes)
+    run = RunReport(run_dir, steps, run_onset(steps), notes, training_log_reason=log_reason)
     if training_log is not None:
         beside_the_log(run, training_log, train_keys or {}, baseline is not None)
     return run

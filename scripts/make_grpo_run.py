@@ -12,7 +12,10 @@ A real RL run that collapses the way RAGEN-2 describes, small enough for 2 CPU c
   `trainer_state.json` (its `log_history` has the reward, the per-token entropy and the share
   of prompts whose rewards all tie), weights only (`save_only_model`), so it ships small.
 
-Output: `examples/grpo-run/checkpoint-N/`. Needs the `fixtures` extra (TRL, pinned); CI reads
+Output: `examples/grpo-run/checkpoint-N/`. With `--shortcut-weight 0 --save-final`, the control
+run of the tests (tests/fixtures/trl-grpo-task-only/): the task reward alone, and TRL's output
+directory as users leave it after `trainer.save_model(output_dir)` (a model beside its step
+checkpoints). Needs the `fixtures` extra (TRL, pinned); CI reads
 the shipped files and needs no TRL.
 """
 
@@ -89,6 +92,12 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--entropy-target", type=float, default=0.2)
+    parser.add_argument(
+        "--shortcut-weight", type=float, default=0.5, help="0: the task reward alone (control)"
+    )
+    parser.add_argument(
+        "--save-final", action="store_true", help="end with trainer.save_model(out), as users do"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -105,7 +114,7 @@ def main() -> None:
         num_generations=8,
         max_completion_length=64,
         temperature=args.temperature,
-        reward_weights=[0.5, 0.5],
+        reward_weights=[1 - args.shortcut_weight, args.shortcut_weight],
         # the team watched entropy and held it at its starting level (Skywork-OR1's adaptive
         # entropy control, built into TRL): the dashboard's entropy stays healthy
         use_adaptive_entropy=True,
@@ -129,6 +138,8 @@ def main() -> None:
         processing_class=tokenizer,
     )
     trainer.train()
+    if args.save_final:
+        trainer.save_model(str(args.out))
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ def test_a_trl_output_dir_with_step_checkpoints_is_a_run(tmp_path):
     single, run = find_checkpoints(root, notes=notes)
     assert single is None
     assert [c.label for c in run] == ["2", "4", "5"]
-    assert run[-1].name == "output (final model)"
+    assert run[-1].name == "final model"
     assert any("scanned as a run" in n for n in notes)
     assert any("left out" in n and "checkpoint-6" in n for n in notes)
 

@@ -7,7 +7,7 @@ import pytest
 from collapsecheck.discovery import find_checkpoints
 from collapsecheck.runs import scan_run
 from collapsecheck.training_logs import read_log
-from tests.conftest import EXAMPLES, PROMPTS
+from tests.conftest import EXAMPLES, PROMPTS, ROOT
 
 GRPO = EXAMPLES / "grpo-run"
 BASELINE = EXAMPLES / "demo-run" / "global_step_200"  # where the GRPO run started
@@ -52,3 +52,26 @@ def test_the_dashboard_missed_what_the_scan_sees(grpo_run):
     # the shortcut's own series, named with --train-key, is shown beside the others
     assert grpo_run.logged_series == ["reward", "entropy", "shortcut"]
     assert last.training_log["shortcut"].mean > 0.95
+
+
+CONTROL = ROOT / "tests" / "fixtures" / "trl-grpo-task-only"
+
+
+def test_a_trl_output_dir_after_save_model_is_a_run_with_its_log(tmp_path):
+    """TRL's output_dir as users leave it (written by GRPOTrainer: checkpoint-30/, checkpoint-60/
+    and `trainer.save_model(output_dir)`): a run whose last row is the root's model, its log
+    found in the highest step's trainer_state.json (the root has none)."""
+    notes = []
+    single, checkpoints = find_checkpoints(CONTROL, notes=notes)
+    assert single is None and [c.step for c in checkpoints] == [30, 60, None]
+    assert any("holds 2 step checkpoints" in note for note in notes)
+    run = scan_run(
+        CONTROL, PROMPTS, checkpoints=checkpoints, cache_root=tmp_path, num_prompts=8, k=4,
+        max_new_tokens=48, device="cpu", bootstrap=100, no_flow=True,
+    )  # fmt: skip
+    assert run.training_log["source"].endswith("checkpoint-60/trainer_state.json")
+    assert run.steps[1].training_log["reward"].n == 6  # steps 35..60, logged every 5
+    assert run.steps[-1].training_log == {}  # the root's model has no step: no window
+    # the root's model is the model of the last step: the same numbers
+    for key in ("normalized_mi", "retrieval_accuracy", "conditional_entropy_est"):
+        assert run.steps[-1].report.metrics[key] == run.steps[-2].report.metrics[key]

@@ -120,8 +120,9 @@ TRAINER_COLOURS = {"reward": "#c62828", "entropy": "#2e7d32"}
 
 def _trainer_view(ax, run: RunReport) -> None:
     """The trainer's dashboard beside the diagnosis (SPEC "Training logs beside the
-    diagnosis"): each logged series and normalized MI as a multiple of its value at the
-    first checkpoint that has it, so "reward up, entropy flat, input dependence gone" reads
+    diagnosis"): each logged series and normalized MI as 1 + its change relative to its value
+    at the first checkpoint that has it (a multiple of it when positive; up stays up for a
+    reward that starts negative), so "reward up, entropy flat, input dependence gone" reads
     at a glance. A series whose first value is 0 cannot be indexed and is left out."""
     x, xlabel = _x_positions(run)
     mi, mi_low, mi_high = _series(run, "normalized_mi")
@@ -140,11 +141,11 @@ def _trainer_view(ax, run: RunReport) -> None:
         errors = np.array([w.stderr or 0.0 for _, w in rows])
         colour = TRAINER_COLOURS.get(name)
         ax.errorbar(
-            at, means / first, yerr=errors / abs(first), fmt="s--", ms=4, capsize=2,
-            color=colour, label=f"{name} (trainer's log)",
+            at, 1 + (means - first) / abs(first), yerr=errors / abs(first), fmt="s--", ms=4,
+            capsize=2, color=colour, label=f"{name} (trainer's log)",
         )  # fmt: skip
     ax.axhline(1.0, color="0.6", lw=0.8, ls=":")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("relative to its first value (= 1)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)

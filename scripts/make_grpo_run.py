@@ -98,13 +98,14 @@ def main() -> None:
     parser.add_argument(
         "--save-final", action="store_true", help="end with trainer.save_model(out), as users do"
     )
+    parser.add_argument("--start", type=Path, default=START, help="the policy to train from")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(2)
     if args.out.exists():
         shutil.rmtree(args.out)
-    tokenizer = AutoTokenizer.from_pretrained(START)
-    model = LlamaForCausalLM.from_pretrained(START, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(args.start)
+    model = LlamaForCausalLM.from_pretrained(args.start, dtype=torch.float32)
     config = GRPOConfig(
         output_dir=str(args.out),
         max_steps=args.steps,

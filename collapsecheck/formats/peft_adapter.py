@@ -5,6 +5,7 @@ adapter merged into it."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,4 +66,8 @@ def load_weights(
     from peft import PeftModel
 
     base = load_base(checkpoint.base)
-    return PeftModel.from_pretrained(base, checkpoint.path).merge_and_unload()
+    with warnings.catch_warnings():
+        # PEFT calls transformers APIs that transformers has deprecated: the user can do
+        # nothing about that FutureWarning, and it would bury the report
+        warnings.simplefilter("ignore", FutureWarning)
+        return PeftModel.from_pretrained(base, checkpoint.path).merge_and_unload()

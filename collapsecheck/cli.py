@@ -401,7 +401,7 @@ def scan(
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.console import print_notes, progress_bars
     from collapsecheck.discovery import find_checkpoints
-    from collapsecheck.runs import cached_scan, run_training_log, scan_run
+    from collapsecheck.runs import cached_scan, scan_run
     from collapsecheck.scan import scan as run_scan
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
@@ -414,9 +414,6 @@ def scan(
         if not run:
             print_notes(stderr, notes)
         check_combinations(checkpoint, bool(run), dump, out, plot, baseline, train_log)
-        if run:  # read before any model loads: a bad log is refused first
-            wanted = False if no_train_log else (train_log or True)
-            log, log_reason = run_training_log(checkpoint, run, wanted)
         keys = parse_train_keys(train_key or [])
         check_outputs(
             {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot,
@@ -429,10 +426,9 @@ def scan(
             if run:
                 report = scan_run(
                     checkpoint, prompt_file, settings, checkpoints=run, notes=notes,
-                    baseline=baseline, training_log=False if log is None else log,
+                    baseline=baseline, training_log=False if no_train_log else (train_log or True),
                     train_keys=keys, cache_root=out, rescan=rescan, **common,
                 )  # fmt: skip
-                report.training_log_reason = log_reason
             elif out is not None:
                 report = cached_scan(
                     single, prompt_file, settings, cache_root=out, rescan=rescan, **common

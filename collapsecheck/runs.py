@@ -92,9 +92,9 @@ def run_training_log(
         return None, "not read (--no-train-log)"
     if log is not True:
         return read_log(log), None
-    stepped = [c for c in checkpoints if c.step is not None]
-    latest = (stepped or list(checkpoints) or [None])[-1]
-    found, reason = find_log(Path(run_dir), latest.checkpoint.path if latest else None)
+    stepped = [c for c in checkpoints if c.step is not None] or list(checkpoints)
+    latest = stepped[-1].checkpoint.path if stepped else None
+    found, reason = find_log(Path(run_dir), latest)
     return found, (reason or None)
 
 
@@ -119,7 +119,8 @@ def scan_run(
     through the results cache (`cache_root`, else the default cache). `checkpoints`: those
     `discovery.find_checkpoints` found (with its `notes`), when the caller already has them.
     `training_log`: a log already read, a path, True (the one the trainer left beside the
-    run, when there is one) or False (none)."""
+    run, when there is one) or False (none); a named log is read, and a bad one refused,
+    before any model loads."""
     settings = resolve_settings(settings, flags)
     run_dir = Path(run_dir)
     notes = list(notes)

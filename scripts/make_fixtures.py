@@ -173,16 +173,25 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def build_model(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 96,
+    intermediate_size: int = 256,
+    layers: int = 3,
+    heads: int = 3,  # head size 32: a size vLLM's CPU attention kernels support
+    max_positions: int = 1024,
+    tie_embeddings: bool = True,
+) -> LlamaForCausalLM:
+    """A Llama-style model on the gridworld tokenizer, seeded: the demo size by default."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=96,
-        intermediate_size=256,
-        num_hidden_layers=3,
-        num_attention_heads=3,  # head size 32: a size vLLM's CPU attention kernels support
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
         num_key_value_heads=1,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie_embeddings,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -22,6 +22,7 @@ the shipped files and needs no TRL.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import shutil
@@ -46,7 +47,7 @@ def training_states(count: int, seed: int) -> list[dict]:
     """Random states as TRL conversational prompts with their ground truth; the evaluation
     prompts' states are left out, so the scan measures states the run never trained on."""
     held_out = {
-        line.split('"content": "agent ')[1].split('"')[0]
+        json.loads(line)["messages"][-1]["content"]
         for line in (EXAMPLES / "prompts" / "gridworld.jsonl").read_text().splitlines()
     }
     rng = random.Random(seed)
@@ -54,7 +55,7 @@ def training_states(count: int, seed: int) -> list[dict]:
     while len(rows) < count:
         agent, goal = random_state(rng)
         message = user_message(agent, goal)
-        if message.removeprefix("agent ") in held_out:
+        if message in held_out:
             continue
         prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": message}]
         rows.append({"prompt": prompt, "ground_truth": ",".join(useful_moves(agent, goal))})

@@ -27,8 +27,7 @@ import sys
 from pathlib import Path
 
 import torch
-from make_fixtures import build_tokenizer
-from transformers import LlamaConfig, LlamaForCausalLM
+from make_fixtures import build_model, build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "verl-0.9.1"
@@ -45,21 +44,10 @@ CASES = [
 def write_base(directory: Path) -> None:
     """A tiny gridworld-tokenizer Llama, randomly initialised (seeded): the run's base model."""
     tokenizer = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = build_model(
+        tokenizer, hidden_size=32, intermediate_size=64, layers=2, heads=1, max_positions=256,
+        tie_embeddings=False,
+    )  # fmt: skip
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     model.generation_config.save_pretrained(directory)

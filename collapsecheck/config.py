@@ -190,16 +190,16 @@ class GateSettings:
     min_action_reasoning_nmi: float | None = setting(None, "Fail below this.", numbers=False)
     min_action_input_nmi: float | None = setting(None, "Fail below this.", numbers=False)
     flow_collapsed: float | None = setting(
-        None, "Action collapse at or below this action_state_nmi (default 0.3).", numbers=False
+        None, "Action collapse at or below this action_state_share (default 0.3).", numbers=False
     )
     flow_faithful: float | None = setting(
-        None, "Faithful at or above this action_reasoning_nmi (default 0.5).", numbers=False
+        None, "Faithful at or above this action_reasoning_share (default 0.5).", numbers=False
     )
     flow_decorative_reasoning: float | None = setting(
-        None, "Decorative at or below this action_reasoning_nmi (default 0.2)...", numbers=False
+        None, "Decorative at or below this action_reasoning_share (default 0.2)...", numbers=False
     )
     flow_decorative_input: float | None = setting(
-        None, "...and at or above this action_input_nmi (default 0.5).", numbers=False
+        None, "...and at or above this action_input_share (default 0.5).", numbers=False
     )
     config: Path | None = setting(
         None, "Gate settings file (default: ./collapsecheck.toml or ./pyproject.toml).",

@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: install demo test test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
+.PHONY: grpo-run-scans install demo test test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
 
 install: $(STAMP)
 
@@ -75,6 +75,14 @@ verl-fixtures:
 	$(VERL_FIXTURES_VENV)/bin/python -m pip install -q "torch==2.13.0"
 	$(VERL_FIXTURES_VENV)/bin/python -m pip install -q "verl==0.9.1"
 	$(VERL_FIXTURES_VENV)/bin/python scripts/make_verl_fixtures.py
+
+# The results the README's headline command answers from (its exact command, scanned afresh;
+# tests/test_headline.py fails when they no longer match the checkpoints or the code).
+grpo-run-scans: $(STAMP)
+	rm -rf examples/grpo-run-scans
+	$(VENV)/bin/collapsecheck scan examples/grpo-run -p examples/prompts/gridworld.jsonl -n 16 -k 8 \
+		--max-new-tokens 64 --baseline examples/demo-run/global_step_200 \
+		--reward-fn examples/rewards/gridworld.py --out examples/grpo-run-scans --fail-on none
 
 examples: $(STAMP)
 	$(PY) scripts/make_examples.py

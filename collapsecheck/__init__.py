@@ -5,14 +5,13 @@ reads mutual information, retrieval accuracy and conditional entropy into a regi
 (see SPEC.md and the RAGEN-2 paper, Wang et al., 2026).
 """
 
-__version__ = "0.1.0"
-
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.metrics import CrossLogProbs, Estimate, compute_metrics
 from collapsecheck.reasoning import ReasoningSpec
 from collapsecheck.report import Report
 from collapsecheck.scan import scan, score
 from collapsecheck.verdict import Thresholds, Verdict, decide
+from collapsecheck.version import __version__
 
 __all__ = [
     "CollapsecheckError",

@@ -37,6 +37,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.settings import (
     AnalysisSettings,
     LoadSettings,
+    OutputSettings,
     PromptSettings,
     RewardSettings,
     SamplingSettings,
@@ -81,6 +82,7 @@ PANELS = {
     RewardSettings: "Rewards (why it collapsed)",
     LoadSettings: "Model and engine",
     GateSettings: "Gate",
+    OutputSettings: "Outputs",
 }
 
 
@@ -139,14 +141,24 @@ def _option(field: dataclasses.Field, annotation: Any, panel: str) -> inspect.Pa
     )
 
 
-def settings_options(group: type) -> list[inspect.Parameter]:
+def offered(group: type, command: str) -> list[dataclasses.Field]:
+    """The fields of a settings group that `command` offers: all of them, but for outputs,
+    which name their commands."""
+    return [
+        f for f in dataclasses.fields(group) if command in f.metadata.get("commands", (command,))
+    ]
+
+
+def settings_options(group: type, command: str) -> list[inspect.Parameter]:
     hints = typing.get_type_hints(group)
-    return [_option(f, hints[f.name], PANELS[group]) for f in dataclasses.fields(group)]
+    return [_option(f, hints[f.name], PANELS[group]) for f in offered(group, command)]
 
 
 def takes_settings(command: Callable[..., None]) -> Callable[..., None]:
     """Expand each parameter typed with a settings dataclass into that dataclass's options;
-    the command receives the dataclass, built (and so checked) before it runs."""
+    the command receives the dataclass, built and checked (`setting_checks`) before it runs."""
+    from collapsecheck.setting_checks import check_group
+
     hints = typing.get_type_hints(command)
     signature = inspect.signature(command, eval_str=True)
     groups = {name: hint for name, hint in hints.items() if hint in PANELS}
@@ -154,15 +166,16 @@ def takes_settings(command: Callable[..., None]) -> Callable[..., None]:
     # arguments and --prompts first, then the settings' options, then the command's own
     leading = [p for p in own if p.default is inspect.Parameter.empty or p.name == "prompts"]
     trailing = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p not in leading]
-    expanded = [option for group in groups.values() for option in settings_options(group)]
+    name = command.__name__
+    expanded = [option for group in groups.values() for option in settings_options(group, name)]
 
     @functools.wraps(command)
     def wrapper(**values: Any) -> None:
         built = {}
         with user_errors():
-            for name, group in groups.items():
-                names = [f.name for f in dataclasses.fields(group)]
-                built[name] = group(**{n: values.pop(n) for n in names})
+            for param, group in groups.items():
+                built[param] = group(**{f.name: values.pop(f.name) for f in offered(group, name)})
+                check_group(built[param])
             command(**built, **values)
 
     leading = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in leading]
@@ -178,70 +191,22 @@ Prompts = Annotated[
     Path | None,
     typer.Option("--prompts", "-p", help="Prompt set: JSONL, parquet (veRL) or plain text."),
 ]
-Out = Annotated[
-    Path | None,
-    typer.Option(help="Results cache directory (default ~/.cache/collapsecheck for runs)."),
-]
 Rescan = Annotated[bool, typer.Option("--rescan", help="Ignore cached results.")]
-JsonPath = Annotated[Path | None, typer.Option("--json", help="Write the JSON report.")]
-Junit = Annotated[Path | None, typer.Option(help="Write JUnit XML, one test case per rule.")]
-Markdown = Annotated[Path | None, typer.Option(help="Write a Markdown summary.")]
-Dump = Annotated[
-    Path | None, typer.Option(help="Write the SPEC dump of one checkpoint to this directory.")
-]
-PerPrompt = Annotated[
-    Path | None,
-    typer.Option(help="Write the per-prompt table (CSV, or parquet by its extension)."),
-]
-KeepPrompts = Annotated[
-    Path | None,
-    typer.Option(
-        help="Write the prompts the SNR filter keeps, rows verbatim in the prompt file's "
-        "format, for the next training round (needs --reward-fn)."
-    ),
-]
-
-
-def write_per_prompt_table(report: Any, path: Path | None) -> None:
-    """--per-prompt: the table as CSV, or parquet by extension."""
-    if path is None:
-        return
-    from collapsecheck.files import write_atomic
-
-    frame = report.per_prompt_frame()
-    if path.suffix.lower() in (".parquet", ".pq"):
-        write_atomic(path, "wb", lambda stream: frame.to_parquet(stream))
-    else:
-        write_atomic(path, "w", lambda stream: frame.to_csv(stream))
-
-
-def write_kept_prompts(report: Any, prompt_file: Path, settings: Settings, path: Path) -> None:
-    """--keep-prompts: the rows of the prompts RAGEN's SNR filter keeps."""
-    from collapsecheck.prompts import load_prompts, write_prompt_rows
-
-    prompts = load_prompts(
-        prompt_file, num_prompts=settings.sampling.num_prompts,
-        field=settings.prompts.prompt_field,
-    )  # fmt: skip
-    kept = [prompts[i] for i in report.snr["kept_prompts"]]
-    write_prompt_rows(prompt_file, kept, path)
-    stderr.print(
-        f"kept {len(kept)} of {len(prompts)} prompts (SNR filter, top-p "
-        f"{settings.rewards.snr_top_p:g}) in {path}",
-        style="dim",
-    )
 
 
 def check_combinations(
-    checkpoint: Path, is_run: bool, dump: Path | None, out: Path | None, plot: Path | None,
-    baseline: Path | None, train_log: Path | None,
-) -> None:  # fmt: skip
+    checkpoint: Path,
+    is_run: bool,
+    outputs: OutputSettings,
+    baseline: Path | None,
+    train_log: Path | None,
+) -> None:
     """Options that do not go together with what `checkpoint` is, refused before any work."""
-    if dump is not None and (is_run or out is not None):
+    if outputs.dump is not None and (is_run or outputs.out is not None):
         raise CollapsecheckError(
             "--dump takes one checkpoint without --out (cached scans keep their dump under --out)"
         )
-    if plot is not None and not is_run:
+    if outputs.plot is not None and not is_run:
         raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
     if not is_run and (baseline is not None or train_log is not None):
         raise CollapsecheckError(
@@ -258,29 +223,6 @@ def parse_train_keys(values: list[str]) -> dict[str, str]:
             raise CollapsecheckError(f"--train-key expects NAME=KEY, got {value!r}")
         keys[name] = key
     return keys
-
-
-def check_why_outputs(
-    keep_prompts: Path | None, prompts: Path | None, rewards: RewardSettings
-) -> None:
-    if keep_prompts is None:
-        return
-    from collapsecheck.prompts import check_same_format
-
-    if rewards.reward_fn is None:
-        raise CollapsecheckError("--keep-prompts needs rewards: give --reward-fn FILE.py")
-    check_same_format(require_prompts(prompts), keep_prompts, "--keep-prompts")
-
-
-def check_outputs(files: dict[str, Path | None], directories: dict[str, Path | None]) -> None:
-    """Every output the command will write, checked before any model loads: work is never
-    lost to a path that cannot be written at the end."""
-    from collapsecheck.files import check_output_dir, check_output_file
-
-    for option, path in files.items():
-        check_output_file(path, option)
-    for option, path in directories.items():
-        check_output_dir(path, option)
 
 
 def require_prompts(prompts: Path | None) -> Path:
@@ -306,10 +248,7 @@ def finish_gate(
         raise typer.Exit(EXIT_FAIL)
 
 
-def gate_single_report(
-    report: Any, gate: Any, title: str, json_path: Path | None, markdown: Path | None,
-    junit: Path | None,
-) -> None:  # fmt: skip
+def gate_single_report(report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
     """Write a report's outputs, print it, and apply the gate to it."""
     from collapsecheck.console import print_report
     from collapsecheck.files import write_text_atomic
@@ -317,19 +256,16 @@ def gate_single_report(
 
     with user_errors():
         results = check_report(report, gate)
-        if json_path is not None:
-            report.save(json_path)
-        if markdown is not None:
-            write_text_atomic(markdown, markdown_report(title, report, results))
+        if outputs.json_path is not None:
+            report.save(outputs.json_path)
+        if outputs.markdown is not None:
+            write_text_atomic(outputs.markdown, markdown_report(title, report, results))
     print_report(stdout, report)
     with user_errors():
-        finish_gate(results, junit, "collapsecheck")
+        finish_gate(results, outputs.junit, "collapsecheck")
 
 
-def gate_run_report(
-    run_report: Any, gate: Any, title: str, json_path: Path | None, markdown: Path | None,
-    junit: Path | None, plot: Path | None,
-) -> None:  # fmt: skip
+def gate_run_report(run_report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
     """Write a run's outputs, print its table, and apply the gate to its latest checkpoint."""
     from collapsecheck.console import print_run
     from collapsecheck.files import write_text_atomic
@@ -339,22 +275,35 @@ def gate_run_report(
     with user_errors():
         latest = run_report.steps[-1]
         results = check_report(latest.report, gate)
-        if json_path is not None:
-            run_report.save(json_path)
-        if plot is not None:
-            plot_run(run_report, plot)
-        if markdown is not None:
+        if outputs.json_path is not None:
+            run_report.save(outputs.json_path)
+        if outputs.plot is not None:
+            plot_run(run_report, outputs.plot)
+        if outputs.markdown is not None:
             title = f"{title} (latest: {latest.checkpoint.label})"
             text = markdown_report(title, latest.report, results, run_report)
-            write_text_atomic(markdown, text)
+            write_text_atomic(outputs.markdown, text)
     print_run(stdout, run_report)
     with user_errors():
-        finish_gate(results, junit, "collapsecheck")
+        finish_gate(results, outputs.junit, "collapsecheck")
+
+
+def write_prompt_outputs(
+    report: Any, outputs: OutputSettings, prompt_file: Path | None, settings: Settings
+) -> None:
+    """--per-prompt and --keep-prompts (when the report has the SNR section to keep from)."""
+    from collapsecheck.outputs import write_kept_prompts, write_per_prompt_table
+
+    write_per_prompt_table(report, outputs.per_prompt)
+    if outputs.keep_prompts is not None and report.snr is not None and prompt_file is not None:
+        line = write_kept_prompts(
+            report, prompt_file, settings.sampling.num_prompts, settings.prompts.prompt_field,
+            outputs.keep_prompts,
+        )  # fmt: skip
+        stderr.print(line, style="dim")
 
 
 # -- commands ----------------------------------------------------------------------------
-# Each command is longer than 50 lines only because typer reads its options from its
-# signature; the bodies are short.
 
 
 @app.command()
@@ -370,16 +319,9 @@ def scan(
     rewards: RewardSettings,
     load: LoadSettings,
     gate_settings: GateSettings,
+    outputs: OutputSettings,
     prompts: Prompts = None,
-    out: Out = None,
     rescan: Rescan = False,
-    json_path: JsonPath = None,
-    dump: Dump = None,
-    plot: Annotated[Path | None, typer.Option(help="Draw a run's picture to this PNG.")] = None,
-    junit: Junit = None,
-    markdown: Markdown = None,
-    per_prompt: PerPrompt = None,
-    keep_prompts: KeepPrompts = None,
     train_log: Annotated[
         Path | None,
         typer.Option(
@@ -401,6 +343,7 @@ def scan(
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.console import print_notes, progress_bars
     from collapsecheck.discovery import find_checkpoints
+    from collapsecheck.outputs import check_outputs
     from collapsecheck.runs import cached_scan, scan_run
     from collapsecheck.scan import scan as run_scan
 
@@ -408,18 +351,13 @@ def scan(
     with user_errors():
         gate = gate_settings.load()
         prompt_file = require_prompts(prompts)
-        check_why_outputs(keep_prompts, prompts, rewards)
         notes: list[str] = []
         single, run = find_checkpoints(checkpoint, load.base_model, notes)
         if not run:
             print_notes(stderr, notes)
-        check_combinations(checkpoint, bool(run), dump, out, plot, baseline, train_log)
+        check_combinations(checkpoint, bool(run), outputs, baseline, train_log)
         keys = parse_train_keys(train_key or [])
-        check_outputs(
-            {"--json": json_path, "--markdown": markdown, "--junit": junit, "--plot": plot,
-             "--per-prompt": per_prompt, "--keep-prompts": keep_prompts},
-            {"--dump": dump, "--out": out},
-        )  # fmt: skip
+        check_outputs(outputs, rewards, prompt_file)
         common = {"thresholds": gate.thresholds, "flow_thresholds": gate.flow_thresholds}
         with progress_bars(stderr) as progress:
             common["progress"] = progress
@@ -427,22 +365,21 @@ def scan(
                 report = scan_run(
                     checkpoint, prompt_file, settings, checkpoints=run, notes=notes,
                     baseline=baseline, training_log=False if no_train_log else (train_log or True),
-                    train_keys=keys, cache_root=out, rescan=rescan, **common,
+                    train_keys=keys, cache_root=outputs.out, rescan=rescan, **common,
                 )  # fmt: skip
-            elif out is not None:
+            elif outputs.out is not None:
                 report = cached_scan(
-                    single, prompt_file, settings, cache_root=out, rescan=rescan, **common
+                    single, prompt_file, settings, cache_root=outputs.out, rescan=rescan, **common
                 )
             else:
-                report = run_scan(single, prompt_file, settings, dump=dump, **common)
-        latest = report.steps[-1].report if run else report
-        write_per_prompt_table(latest, per_prompt)
-        if keep_prompts is not None and latest.snr is not None:
-            write_kept_prompts(latest, prompt_file, settings, keep_prompts)
+                report = run_scan(single, prompt_file, settings, dump=outputs.dump, **common)
+        write_prompt_outputs(
+            report.steps[-1].report if run else report, outputs, prompt_file, settings
+        )
     if run:
-        gate_run_report(report, gate, str(checkpoint), json_path, markdown, junit, plot)
+        gate_run_report(report, gate, str(checkpoint), outputs)
     else:
-        gate_single_report(report, gate, str(checkpoint), json_path, markdown, junit)
+        gate_single_report(report, gate, str(checkpoint), outputs)
 
 
 @app.command()
@@ -457,6 +394,7 @@ def score(
     rewards: RewardSettings,
     load: LoadSettings,
     gate_settings: GateSettings,
+    outputs: OutputSettings,
     checkpoint: Annotated[
         Path, typer.Option("--checkpoint", "-c", help="The policy that produced the rollouts.")
     ],
@@ -475,14 +413,10 @@ def score(
     pairs: Annotated[
         int | None, typer.Option(help="Multi-turn rollouts: (trajectory, turn) pairs to sample.")
     ] = None,
-    json_path: JsonPath = None,
-    dump: Dump = None,
-    junit: Junit = None,
-    markdown: Markdown = None,
-    per_prompt: PerPrompt = None,
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
     from collapsecheck.console import progress_bars
+    from collapsecheck.outputs import check_outputs
     from collapsecheck.rollouts import RolloutOptions
     from collapsecheck.scan import score as run_score
 
@@ -491,11 +425,7 @@ def score(
     )
     with user_errors():
         gate = gate_settings.load()
-        check_outputs(
-            {"--json": json_path, "--markdown": markdown, "--junit": junit,
-             "--per-prompt": per_prompt},
-            {"--dump": dump},
-        )  # fmt: skip
+        check_outputs(outputs, rewards)
         options = RolloutOptions(
             prompt_field=rendering.prompt_field,
             response_field=response_field,
@@ -509,11 +439,11 @@ def score(
         with progress_bars(stderr) as progress:
             report = run_score(
                 checkpoint, rollouts, settings, rollout_options=options,
-                thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, dump=dump,
-                progress=progress,
+                thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds,
+                dump=outputs.dump, progress=progress,
             )  # fmt: skip
-        write_per_prompt_table(report, per_prompt)
-    gate_single_report(report, gate, f"{rollouts} under {checkpoint}", json_path, markdown, junit)
+        write_prompt_outputs(report, outputs, None, settings)
+    gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs)
 
 
 def obtain_report(
@@ -551,6 +481,7 @@ def compare(
     analysis: AnalysisSettings,
     rewards: RewardSettings,
     load: LoadSettings,
+    outputs: OutputSettings,
     prompts: Prompts = None,
     max_drop: Annotated[
         float | None,
@@ -573,11 +504,7 @@ def compare(
             help="Gate settings file (default: ./collapsecheck.toml or ./pyproject.toml)."
         ),
     ] = None,
-    out: Out = None,
     rescan: Rescan = False,
-    json_path: JsonPath = None,
-    junit: Junit = None,
-    markdown: Markdown = None,
 ) -> None:
     """Did checkpoint B lose input dependence relative to A, beyond noise?"""
     from collapsecheck.cache import default_cache_root
@@ -586,14 +513,13 @@ def compare(
     from collapsecheck.console import print_comparison, progress_bars
     from collapsecheck.files import write_text_atomic
     from collapsecheck.gate import RuleResult, markdown_report
+    from collapsecheck.outputs import check_outputs
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = load_gate(config, max_drop=max_drop)
-        check_outputs(
-            {"--json": json_path, "--markdown": markdown, "--junit": junit}, {"--out": out}
-        )
-        cache = out or default_cache_root()
+        check_outputs(outputs)
+        cache = outputs.out or default_cache_root()
         with progress_bars(stderr) as progress:
             first, second = (
                 obtain_report(path, prompts, settings, gate, cache, rescan, progress)
@@ -604,13 +530,13 @@ def compare(
             seed=analysis.seed, allow_mismatch=allow_mismatch,
         )  # fmt: skip
         results = [RuleResult("input dependence", not comparison.lost, comparison.reason)]
-        if json_path is not None:
-            write_text_atomic(json_path, comparison.to_json())
-        if markdown is not None:
-            write_text_atomic(markdown, markdown_report(f"{a} vs {b}", second, results))
+        if outputs.json_path is not None:
+            write_text_atomic(outputs.json_path, comparison.to_json())
+        if outputs.markdown is not None:
+            write_text_atomic(outputs.markdown, markdown_report(f"{a} vs {b}", second, results))
     print_comparison(stdout, comparison)
     with user_errors():
-        finish_gate(results, junit, "collapsecheck.compare", enforce=gate_exit)
+        finish_gate(results, outputs.junit, "collapsecheck.compare", enforce=gate_exit)
 
 
 @app.command()
@@ -623,7 +549,7 @@ def spec() -> None:
 
 def _print_version(value: bool) -> None:
     if value:
-        from collapsecheck import __version__
+        from collapsecheck.version import __version__
 
         print(f"collapsecheck {__version__}")
         raise typer.Exit()

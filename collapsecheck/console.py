@@ -140,7 +140,7 @@ def flow_line(report: Report) -> Text:
 
 
 NEXT_STEPS = (
-    'next: see which prompts collapsed and why in the README section "When the verdict is a '
+    'next: see which prompts collapsed and why in docs/measures.md, "When the verdict is a '
     'collapse"; compare with an earlier checkpoint (collapsecheck compare A B) or scan the '
     "whole run directory to find the onset"
 )

@@ -132,7 +132,7 @@ def find(
                 f"the trainer's entropy moved {100 * moved:+.0f}% ({a:.3f} -> {b:.3f} nats/token, "
                 f"steps {labels[span[0]]} -> {labels[span[1]]}) while input dependence fell "
                 f"{_fall(mi, *span)}: entropy monitoring would not have shown this collapse "
-                "(README: 'When the verdict is a collapse')"
+                "(docs/measures.md: 'When the verdict is a collapse')"
             )))  # fmt: skip
     span = _span(windows, "reward")
     if span and _mi_fell(mi, *span):
@@ -152,7 +152,7 @@ def find(
             found.append(Finding("zero_variance_rising", (
                 f"the share of prompts whose rewards all tie rose {a:.2f} -> {b:.2f} (steps "
                 f"{labels[span[0]]} -> {labels[span[1]]}): fewer prompts carry a task gradient "
-                "(the SNR section, with --reward-fn, says which cause: README 'Why it "
+                "(the SNR section, with --reward-fn, says which cause: docs/measures.md 'Why it "
                 "collapsed')"
             )))  # fmt: skip
     return found

@@ -11,9 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from collapsecheck.backends.base import Sample
 from collapsecheck.errors import CollapsecheckError
+
+if TYPE_CHECKING:
+    from collapsecheck.settings import ScoringSettings
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -202,6 +206,26 @@ class ActionSpec:
         start = found + len(self.open_tag)
         closed = text.find(self.close_tag, start)
         return (start, closed) if closed >= 0 else None
+
+
+def reasoning_spec(scoring: ScoringSettings) -> ReasoningSpec:
+    """The reasoning segment the --reasoning-* flags name (a bad tag pair or regex fails)."""
+    if scoring.reasoning_tags:
+        return ReasoningSpec.from_tags(scoring.reasoning_tags)
+    if scoring.reasoning_regex:
+        return ReasoningSpec(REGEX, regex=scoring.reasoning_regex)
+    return ReasoningSpec(WHOLE) if scoring.whole_response else ReasoningSpec()
+
+
+def action_spec(scoring: ScoringSettings) -> ActionSpec | None:
+    """Where the action is (SPEC "Information flow"); None with --no-flow."""
+    if scoring.no_flow:
+        return None
+    if scoring.action_tags:
+        return ActionSpec(TAGS, *split_tags(scoring.action_tags, "--action-tags"))
+    if scoring.action_regex:
+        return ActionSpec(REGEX, regex=scoring.action_regex)
+    return ActionSpec(AFTER) if scoring.action_after_reasoning else ActionSpec()
 
 
 def locate_segments(

@@ -64,13 +64,16 @@ from collapsecheck.prompts import (
 from collapsecheck.reasoning import (
     ReasoningSpec,
     Trace,
+    action_spec,
     closes_reasoning,
     extract_traces,
     opens_reasoning,
+    reasoning_spec,
 )
 from collapsecheck.report import Report
 from collapsecheck.rewards import load_reward_fn, score_responses
 from collapsecheck.rollouts import RolloutOptions, read_rollouts
+from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
     AnalysisSettings,
     PromptSettings,
@@ -88,7 +91,7 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from collapsecheck import __version__
+    from collapsecheck.version import __version__
 
     return {
         "collapsecheck": __version__,
@@ -220,7 +223,7 @@ def prepare(
     groups = column_groups([r.ids for r in fitted])
     if len(set(groups.tolist())) < 2:
         raise CollapsecheckError(f"{source}: all prompts render to the same tokens")
-    opened = reasoning_opened(prompts, fitted, settings.scoring.reasoning, backend.tokenizer)
+    opened = reasoning_opened(prompts, fitted, reasoning_spec(settings.scoring), backend.tokenizer)
     return Prepared(list(prompts), fitted, groups, cut, opened)
 
 
@@ -323,7 +326,7 @@ def score_traces(
     progress: ProgressHook,
 ) -> CrossScores:
     """SPEC "The cross log-probability matrix" of the valid traces."""
-    spec, negatives = settings.scoring.reasoning, settings.scoring.negatives
+    spec, negatives = reasoning_spec(settings.scoring), settings.scoring.negatives
     if not any(t.valid for t in traces):
         hint = no_reasoning_hint(prepared, backend.tokenizer, settings.prompts)
         raise CollapsecheckError(
@@ -336,7 +339,7 @@ def score_traces(
         progress,
         negatives=negatives,
         seed=settings.analysis.seed,
-        flow=settings.scoring.action is not None,
+        flow=action_spec(settings.scoring) is not None,
     )
 
 
@@ -440,8 +443,8 @@ def report_settings(
         "truncated_prompts": prepared.truncated,
         "chat_template_kwargs": prompts.chat_template_kwargs,
         "num_prompts": len(prepared.rendered),
-        "reasoning": scoring.reasoning.to_dict(),
-        "action": scoring.action.to_dict() if scoring.action else None,
+        "reasoning": reasoning_spec(scoring).to_dict(),
+        "action": action.to_dict() if (action := action_spec(scoring)) else None,
         "cross_scoring": {"negatives": negatives, "estimator": estimator},
         "bootstrap_resamples": diagnosis.settings.analysis.bootstrap,
         **backend.describe(),
@@ -455,8 +458,8 @@ def diagnose(
     """From samples to the report: reasoning extraction, cross-scoring, metrics, verdict,
     and (with a dump directory) the SPEC dump, each file as soon as it is known."""
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
-    spec = settings.scoring.reasoning
-    traces = extract_traces(samples, backend.decode, spec, prepared.opened, settings.scoring.action)
+    spec, action = reasoning_spec(settings.scoring), action_spec(settings.scoring)
+    traces = extract_traces(samples, backend.decode, spec, prepared.opened, action)
     rewards = diagnosis.rewards(traces)  # before scoring: a failing reward loses no work
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
@@ -610,7 +613,7 @@ def scan(
     `settings`, or their flags by name (`k=8`, `device="cpu"`; an unknown name is an error).
     `loaded`: an already loaded backend (inside a training loop, say) instead of loading one.
     `resume`: reuse the samples `dump` already holds for the same prompts."""
-    settings = resolve_settings(settings, flags)
+    settings = checked(resolve_settings(settings, flags))
     started, started_at = time.perf_counter(), _now()
     prompt_path = Path(prompts)
     prompt_list = read_prompt_set(prompt_path, settings)
@@ -660,7 +663,7 @@ def score(
 ) -> Report:
     """Diagnose traces already sampled (rollouts, or a scan's dump) under the checkpoint that
     produced them: cross-scoring only. Reports as `scan` does; `loaded`: as for `scan`."""
-    settings = resolve_settings(settings, flags)
+    settings = checked(resolve_settings(settings, flags))
     started, started_at = time.perf_counter(), _now()
     options = rollout_options or RolloutOptions(
         prompt_field=settings.prompts.prompt_field,

@@ -5,11 +5,18 @@
     PromptSettings    how prompts are read and rendered
     ScoringSettings   what is scored: the reasoning segment, the negatives
     AnalysisSettings  the seed and the bootstrap
+    RewardSettings    where rewards come from, and the SNR filter
+    OutputSettings    what a command writes (none changes the numbers)
 
 Every field's metadata says whether it changes the numbers (`numbers`); only those fields
 key the results cache (`Settings.numbers`), together with NUMBERS_VERSION. The CLI builds its
-options from these fields (`collapsecheck.cli`), so a flag is declared once, here. Values are
-checked where a dataclass is built, before any model loads.
+options from these fields (`collapsecheck.cli`), so a flag is declared once, here.
+
+This module is the floor: it imports nothing of the package but its errors. It checks what a
+value is on its own (a number's range, flags that exclude each other) where a dataclass is
+built; the layers that own a set of names check a value against them when they use it
+(`collapsecheck.setting_checks`: backend and scorer names, reasoning and action specs), still
+before any model loads.
 """
 
 from __future__ import annotations
@@ -21,22 +28,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from collapsecheck.backends.registry import AUTO, BACKEND_NAMES, SCORER_NAMES
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.reasoning import (
-    AFTER,
-    REGEX,
-    TAGS,
-    WHOLE,
-    ActionSpec,
-    ReasoningSpec,
-    split_tags,
-)
 
 # Bump when a code change alters the numbers of a scan whose settings are unchanged: the
 # results cache then recomputes instead of answering with stale numbers.
 NUMBERS_VERSION = 2
 
+AUTO = "auto"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -52,6 +50,20 @@ def setting(
         default=default,
         metadata={"help": help, "numbers": numbers, "flags": flags, "cli_type": cli_type},
     )
+
+
+def output(
+    help: str, *, commands: tuple[str, ...], directory: bool = False, flags: tuple[str, ...] = ()
+) -> Any:
+    """An output field: a path (None: not written), the commands that offer it, and whether
+    it names a directory. Outputs never change the numbers."""
+    return field(
+        default=None,
+        metadata={
+            "help": help, "numbers": False, "flags": flags, "cli_type": None,
+            "commands": commands, "directory": directory,
+        },
+    )  # fmt: skip
 
 
 def flag_name(name: str) -> str:
@@ -113,16 +125,6 @@ class LoadSettings:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        choices = (AUTO, *BACKEND_NAMES)
-        _require(
-            self.backend in choices,
-            f"--backend must be one of {', '.join(choices)}, got {self.backend!r}",
-        )
-        scorers = (AUTO, *SCORER_NAMES)
-        _require(
-            self.scorer in scorers,
-            f"--scorer must be one of {', '.join(scorers)}, got {self.scorer!r}",
-        )
         _require(
             DEVICE_PATTERN.fullmatch(self.device) is not None,
             f"--device must be auto, cpu or cuda[:N], got {self.device!r}",
@@ -253,27 +255,6 @@ class ScoringSettings:
             given = [flag_name(name) for name in names if getattr(self, name)]
             _require(len(given) <= 1, f"choose one of {' and '.join(given)}, not both")
         _at_least(self.negatives, 1, "negatives")
-        self.reasoning  # noqa: B018  (builds the specs: a bad tag pair or regex fails here)
-        self.action  # noqa: B018
-
-    @property
-    def reasoning(self) -> ReasoningSpec:
-        if self.reasoning_tags:
-            return ReasoningSpec.from_tags(self.reasoning_tags)
-        if self.reasoning_regex:
-            return ReasoningSpec(REGEX, regex=self.reasoning_regex)
-        return ReasoningSpec(WHOLE) if self.whole_response else ReasoningSpec()
-
-    @property
-    def action(self) -> ActionSpec | None:
-        """Where the action is (SPEC "Information flow"); None with --no-flow."""
-        if self.no_flow:
-            return None
-        if self.action_tags:
-            return ActionSpec(TAGS, *split_tags(self.action_tags, "--action-tags"))
-        if self.action_regex:
-            return ActionSpec(REGEX, regex=self.action_regex)
-        return ActionSpec(AFTER) if self.action_after_reasoning else ActionSpec()
 
 
 @dataclass(frozen=True)
@@ -305,6 +286,45 @@ class RewardSettings:
 
     def __post_init__(self) -> None:
         _require(0 < self.snr_top_p <= 1, f"--snr-top-p must be in (0, 1], got {self.snr_top_p}")
+
+
+SCAN, SCORE, COMPARE = "scan", "score", "compare"
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """What a command writes beside what it prints. A new output is one field here, its
+    writer in `collapsecheck.outputs`; every path is checked writable before any model loads."""
+
+    json_path: Path | None = output(
+        "Write the JSON report.", flags=("--json",), commands=(SCAN, SCORE, COMPARE)
+    )
+    markdown: Path | None = output("Write a Markdown summary.", commands=(SCAN, SCORE, COMPARE))
+    junit: Path | None = output(
+        "Write JUnit XML, one test case per rule.", commands=(SCAN, SCORE, COMPARE)
+    )
+    plot: Path | None = output("Draw a run's picture to this PNG.", commands=(SCAN,))
+    per_prompt: Path | None = output(
+        "Write the per-prompt table (CSV, or parquet by its extension).", commands=(SCAN, SCORE)
+    )
+    keep_prompts: Path | None = output(
+        "Write the prompts the SNR filter keeps, rows verbatim in the prompt file's format, "
+        "for the next training round (needs rewards).", commands=(SCAN,),
+    )  # fmt: skip
+    dump: Path | None = output(
+        "Write the SPEC dump of one checkpoint to this directory.",
+        commands=(SCAN, SCORE), directory=True,
+    )  # fmt: skip
+    out: Path | None = output(
+        "Results cache directory (default ~/.cache/collapsecheck for runs).",
+        commands=(SCAN, COMPARE), directory=True,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                object.__setattr__(self, f.name, Path(value))
 
 
 GROUPS = {

@@ -21,21 +21,27 @@ def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def readme_python_blocks():
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
-    # the registry snippet shows a line to add, with a backend that does not exist
-    return [b for b in blocks if "BackendEntry(" not in b]
+MANUAL = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-def test_the_readme_python_examples_run_as_written(tmp_path, monkeypatch):
-    blocks = readme_python_blocks()
-    assert len(blocks) >= 2
+def python_blocks():
+    """(page, block) for every Python example of the README and the docs pages."""
+    found = []
+    for page in MANUAL:
+        blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
+        # the registry snippet shows a line to add, with a backend that does not exist
+        found += [(page.name, b) for b in blocks if "BackendEntry(" not in b]
+    return found
+
+
+def test_the_manuals_python_examples_run_as_written(tmp_path, monkeypatch):
+    blocks = python_blocks()
+    assert {page for page, _ in blocks} >= {"README.md", "python.md"}
     (tmp_path / "examples").symlink_to(EXAMPLES)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), namespace)
+    for page, block in blocks:
+        exec(compile(block, page, "exec"), namespace)
     assert namespace["report"].verdict.regime == "grounded"
     assert namespace["run"].steps[-1].report.verdict.regime == "template_collapse"
     assert (tmp_path / "out").is_dir()  # the run's cache, where the example said
@@ -95,8 +101,8 @@ def test_the_collapse_verdict_speaks_per_token_and_says_what_next():
     assert "6 prompts x 1 sample," in result.output
     words = " ".join(result.output.split())
     assert "next:" in words and "When the verdict is a collapse" in words
-    readme = (ROOT / "README.md").read_text()
-    assert "When the verdict is a collapse" in readme
+    assert "docs/measures.md" in words
+    assert "## When the verdict is a collapse" in (ROOT / "docs" / "measures.md").read_text()
     assert not re.search(r"\d{1,3}(,\d{3}){2,}", result.output)  # no number past a million
 
 

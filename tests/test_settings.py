@@ -11,6 +11,7 @@ from collapsecheck.backends.registry import BACKENDS, SCORER_NAMES, scorer_backe
 from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.runs import cached_scan
+from collapsecheck.setting_checks import checked
 from collapsecheck.settings import GROUPS, LoadSettings, Settings
 from tests.conftest import HEALTHY, PROMPTS
 
@@ -52,9 +53,19 @@ def test_an_unknown_setting_fails_at_the_top_naming_it():
         ({"reasoning_regex": "(a)(b)"}, "at most one capture group"),
     ],
 )
-def test_bad_values_are_refused_where_the_settings_are_built(flags, message):
+def test_bad_values_are_refused_before_any_model_loads(flags, message):
+    """A value wrong on its own fails where its dataclass is built; a name that only a
+    registry knows (a backend, a scorer, a reasoning spec) fails in `checked`, which the CLI
+    and the API run before they load anything."""
     with pytest.raises(CollapsecheckError, match=message):
-        Settings.build(**flags)
+        checked(Settings.build(**flags))
+
+
+def test_a_name_the_registry_does_not_know_fails_in_the_cli_before_loading():
+    result = CliRunner().invoke(app, ["scan", str(HEALTHY), "-p", str(PROMPTS), "--scorer", "x"])
+    assert result.exit_code == 2
+    assert "--scorer must be one of auto, cached, naive, vllm, got 'x'" in result.output
+    assert "sampling" not in result.output
 
 
 def test_only_settings_that_change_numbers_key_the_cache():

@@ -11,12 +11,13 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.settings import AUTO
+
 if TYPE_CHECKING:
     from collapsecheck.backends.base import Backend
     from collapsecheck.formats.base import Checkpoint
     from collapsecheck.settings import LoadSettings
-
-AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,17 @@ SCORER_NAMES = tuple(scorer for entry in BACKENDS.values() for scorer in entry.s
 DEFAULT_SCORER = "cached"
 
 
+def check_engine_names(settings: LoadSettings) -> None:
+    """--backend and --scorer name a registered engine (or auto): one line naming the choices."""
+    for option, value, names in (
+        ("--backend", settings.backend, BACKEND_NAMES),
+        ("--scorer", settings.scorer, SCORER_NAMES),
+    ):
+        if value not in (AUTO, *names):
+            choices = ", ".join((AUTO, *names))
+            raise CollapsecheckError(f"{option} must be one of {choices}, got {value!r}")
+
+
 def scorer_backend(scorer: str) -> str:
     """The backend that implements a scorer."""
     return next(name for name, entry in BACKENDS.items() if scorer in entry.scorers)
@@ -66,8 +78,6 @@ def installed(name: str) -> bool:
 
 def require_installed(name: str, option: str) -> None:
     """Refuse a backend whose package is missing before anything loads."""
-    from collapsecheck.errors import CollapsecheckError
-
     if not installed(name):
         package, install = BACKENDS[name].needs  # type: ignore[misc]
         raise CollapsecheckError(f"{option} {name}: {package} is not installed ({install})")

@@ -51,6 +51,13 @@ def checkpoint_fingerprint(checkpoint: Checkpoint) -> str:
     return digest.hexdigest()
 
 
+def cache_entry(
+    root: Path, checkpoint: Checkpoint, prompts: Path, settings: dict[str, Any]
+) -> Path:
+    """The directory of one scan in the results cache (complete once it holds report.json)."""
+    return root / scan_key(checkpoint, prompts, settings)
+
+
 def scan_key(checkpoint: Checkpoint, prompts: Path, settings: dict[str, Any]) -> str:
     """The cache key of one scan."""
     digest = hashlib.sha256()

@@ -214,6 +214,21 @@ def check_combinations(
         )
 
 
+def check_shard(checkpoint: Path, is_run: bool, outputs: OutputSettings) -> None:
+    """A shard splits a run and writes only the results cache: the join writes the rest."""
+    if not is_run:
+        raise CollapsecheckError(f"--shard splits a run directory: {checkpoint} is one checkpoint")
+    written = [name for name in ("json_path", "markdown", "junit", "plot", "per_prompt",
+                                 "keep_prompts") if getattr(outputs, name) is not None]  # fmt: skip
+    if written:
+        from collapsecheck.outputs import option_name
+
+        raise CollapsecheckError(
+            f"a shard writes only the results cache: {', '.join(map(option_name, written))} "
+            "belong to the join (the same command without --shard)"
+        )
+
+
 def parse_train_keys(values: list[str]) -> dict[str, str]:
     """--train-key NAME=KEY, repeatable."""
     keys = {}
@@ -339,12 +354,30 @@ def scan(
     baseline: Annotated[
         Path | None, typer.Option(help="The starting model, scanned as step 0 of the run.")
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="I/N: scan share I (0-based) of N of a run's checkpoints into the results "
+            "cache; a plain scan of the run joins them. Read from a Slurm array's "
+            "SLURM_ARRAY_TASK_ID when set.",
+            rich_help_panel="Where the work runs",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the plan (checkpoints, cached ones, pairs, a token bound) and exit.",
+            rich_help_panel="Where the work runs",
+        ),
+    ] = False,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.console import print_notes, progress_bars
     from collapsecheck.discovery import find_checkpoints
+    from collapsecheck.distribute import plan_scan, resolve_shard, scan_share
     from collapsecheck.outputs import check_outputs
-    from collapsecheck.runs import cached_scan, scan_run
+    from collapsecheck.runs import cached_scan, scan_run, with_baseline
     from collapsecheck.scan import scan as run_scan
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
@@ -358,7 +391,29 @@ def scan(
         check_combinations(checkpoint, bool(run), outputs, baseline, train_log)
         keys = parse_train_keys(train_key or [])
         check_outputs(outputs, rewards, prompt_file)
+        part = resolve_shard(shard, os.environ) if run or shard else None
+        if part is not None:
+            check_shard(checkpoint, bool(run), outputs)
+            run = part.share(with_baseline(run, baseline, settings))
+            stderr.print(f"{part.describe()}: {len(run)} checkpoint(s) of this run", style="dim")
+        targets = [c.checkpoint for c in run] if run else [single]
+        if run and part is None:
+            targets = [c.checkpoint for c in with_baseline(run, baseline, settings)]
+        plan = plan_scan(targets, prompt_file, settings, outputs.out, bool(run or outputs.out))
+        if dry_run:
+            stdout.print(plan.line(), markup=False, highlight=False, soft_wrap=True)
+            return
+        stderr.print(plan.line(), style="dim", markup=False, highlight=False, soft_wrap=True)
         common = {"thresholds": gate.thresholds, "flow_thresholds": gate.flow_thresholds}
+        if part is not None:
+            with progress_bars(stderr) as progress:
+                scan_share(run, prompt_file, settings, outputs.out, rescan, progress)
+            stderr.print(
+                f"{part.describe()} done: {', '.join(c.label for c in run) or 'nothing'} in the "
+                "results cache; the same command without --shard joins the run",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            return
         with progress_bars(stderr) as progress:
             common["progress"] = progress
             if run:

@@ -293,6 +293,9 @@ def print_run(console: Console, run: RunReport) -> None:
     console.print(table)
     print_notes(console, run.notes)
     print_findings(console, run)
+    if len(run.hosts) > 1:
+        where = "; ".join(f"{host}: {', '.join(labels)}" for host, labels in run.hosts.items())
+        console.print(f"scanned on {len(run.hosts)} hosts ({where})", style="dim")
     cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
     if cached:
         console.print(

@@ -40,6 +40,7 @@ class CrossScores:
     row_trace_index: np.ndarray
     reasoning_tokens: np.ndarray
     flow: FlowScores | None = None
+    tokens_scored: int = 0  # continuation tokens whose log-probability was read, all requests
 
 
 def first_of_each(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
@@ -205,7 +206,8 @@ def cross_score(
     flow_scores = (
         flow_matrices(plan, values, acting, groups, flow_rows, responses) if flow else None
     )
-    return CrossScores(matrix, np.array(rows, dtype=np.int64), lengths, flow_scores)
+    scored_tokens = sum(len(r.continuation) - r.scored_from for r in plan.requests)
+    return CrossScores(matrix, np.array(rows, dtype=np.int64), lengths, flow_scores, scored_tokens)
 
 
 def flow_matrices(

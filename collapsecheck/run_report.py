@@ -48,9 +48,19 @@ class RunReport:
         """The trainer's series shown beside normalized MI (reward, entropy, --train-key)."""
         return shown_series(name for step in self.steps for name in step.training_log)
 
+    @property
+    def hosts(self) -> dict[str, list[str]]:
+        """The host each step was scanned on (a run joined from shards names several)."""
+        hosts: dict[str, list[str]] = {}
+        for step in self.steps:
+            host = step.report.timing.get("host", "unknown")
+            hosts.setdefault(host, []).append(step.checkpoint.label)
+        return hosts
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": RUN_FORMAT,
+            "hosts": self.hosts,
             "run_dir": str(self.run_dir),
             "onset_step": self.onset_step,
             "onset": self.onset.to_dict() if self.onset else None,

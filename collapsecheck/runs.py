@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from collapsecheck.cache import default_cache_root, scan_key
+from collapsecheck.cache import cache_entry, default_cache_root
 from collapsecheck.checkpoint import Checkpoint, require_checkpoint
 from collapsecheck.discovery import RunCheckpoint, require_run
 from collapsecheck.dump import REPORT_FILE
@@ -44,7 +44,7 @@ def cached_scan(
         checkpoint = require_checkpoint(checkpoint, settings.load.base_model)
     prompts = Path(prompts)
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    entry = root / scan_key(checkpoint, prompts, settings.numbers())
+    entry = cache_entry(root, checkpoint, prompts, settings.numbers())
     saved = entry / REPORT_FILE
     if saved.is_file() and not rescan:
         report = Report.load(saved)
@@ -98,6 +98,18 @@ def run_training_log(
     return found, (reason or None)
 
 
+def with_baseline(
+    checkpoints: Sequence[RunCheckpoint], baseline: str | Path | Checkpoint | None,
+    settings: Settings,
+) -> list[RunCheckpoint]:  # fmt: skip
+    """The run's checkpoints, after the starting model as step 0 when there is one."""
+    if baseline is None:
+        return list(checkpoints)
+    if not isinstance(baseline, Checkpoint):
+        baseline = require_checkpoint(baseline, settings.load.base_model)
+    return [RunCheckpoint("baseline", 0, baseline), *checkpoints]
+
+
 def scan_run(
     run_dir: str | Path,
     prompts: str | Path,
@@ -129,10 +141,7 @@ def scan_run(
     log_reason = None
     if not isinstance(training_log, TrainingLog):
         training_log, log_reason = run_training_log(run_dir, checkpoints, training_log)
-    if baseline is not None:
-        if not isinstance(baseline, Checkpoint):
-            baseline = require_checkpoint(baseline, settings.load.base_model)
-        checkpoints = [RunCheckpoint("baseline", 0, baseline), *checkpoints]
+    checkpoints = with_baseline(checkpoints, baseline, settings)
     advance = progress("run", len(checkpoints))
     steps = []
     for checkpoint in checkpoints:

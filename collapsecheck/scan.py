@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import platform
+import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -483,7 +484,7 @@ def diagnose(
         settings=report_settings(diagnosis, prepared, scores, backend),
         counts=trace_counts(prepared, traces, scores),
         examples=example_traces(traces, prepared),
-        timing={**diagnosis.timing, "scoring_s": scoring_s},
+        timing={**diagnosis.timing, **scoring_timing(scores, scoring_s)},
         warnings=list(diagnosis.warnings),
         snr=why.snr,
         snr_reason=why.snr_reason,
@@ -583,6 +584,17 @@ def holding(dump: str | Path | None) -> Iterator[Path | None]:
         return
     with locked(Path(dump)):
         yield Path(dump)
+
+
+def scoring_timing(scores: CrossScores, scoring_s: float) -> dict[str, Any]:
+    """How long scoring took, how many tokens it read (so the next scan can be predicted
+    from the plan's pairs), and the host it ran on (a run joined from shards names them)."""
+    return {
+        "scoring_s": scoring_s,
+        "tokens_scored": scores.tokens_scored,
+        "tokens_scored_per_s": round(scores.tokens_scored / max(scoring_s, 1e-9), 1),
+        "host": socket.gethostname(),
+    }
 
 
 def _now() -> str:

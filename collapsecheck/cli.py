@@ -218,8 +218,12 @@ def check_shard(checkpoint: Path, is_run: bool, outputs: OutputSettings) -> None
     """A shard splits a run and writes only the results cache: the join writes the rest."""
     if not is_run:
         raise CollapsecheckError(f"--shard splits a run directory: {checkpoint} is one checkpoint")
-    written = [name for name in ("json_path", "markdown", "junit", "plot", "per_prompt",
-                                 "keep_prompts") if getattr(outputs, name) is not None]  # fmt: skip
+    # every output but the directories (--out is the cache; --dump never goes with a run)
+    written = [
+        f.name
+        for f in dataclasses.fields(outputs)
+        if not f.metadata["directory"] and getattr(outputs, f.name) is not None
+    ]
     if written:
         from collapsecheck.outputs import option_name
 
@@ -391,14 +395,13 @@ def scan(
         check_combinations(checkpoint, bool(run), outputs, baseline, train_log)
         keys = parse_train_keys(train_key or [])
         check_outputs(outputs, rewards, prompt_file)
+        steps = with_baseline(run, baseline, settings) if run else []
         part = resolve_shard(shard, os.environ) if run or shard else None
         if part is not None:
             check_shard(checkpoint, bool(run), outputs)
-            run = part.share(with_baseline(run, baseline, settings))
-            stderr.print(f"{part.describe()}: {len(run)} checkpoint(s) of this run", style="dim")
-        targets = [c.checkpoint for c in run] if run else [single]
-        if run and part is None:
-            targets = [c.checkpoint for c in with_baseline(run, baseline, settings)]
+            steps = part.share(steps)
+            stderr.print(f"{part.describe()}: {len(steps)} checkpoint(s) of this run", style="dim")
+        targets = [c.checkpoint for c in steps] if run else [single]
         plan = plan_scan(targets, prompt_file, settings, outputs.out, bool(run or outputs.out))
         if dry_run:
             stdout.print(plan.line(), markup=False, highlight=False, soft_wrap=True)
@@ -407,9 +410,9 @@ def scan(
         common = {"thresholds": gate.thresholds, "flow_thresholds": gate.flow_thresholds}
         if part is not None:
             with progress_bars(stderr) as progress:
-                scan_share(run, prompt_file, settings, outputs.out, rescan, progress)
+                scan_share(steps, prompt_file, settings, outputs.out, rescan, progress)
             stderr.print(
-                f"{part.describe()} done: {', '.join(c.label for c in run) or 'nothing'} in the "
+                f"{part.describe()} done: {', '.join(c.label for c in steps) or 'nothing'} in the "
                 "results cache; the same command without --shard joins the run",
                 highlight=False, soft_wrap=True,
             )  # fmt: skip

@@ -1,5 +1,5 @@
-"""Where a run's work goes: split into shards (`--shard I/N`, or a Slurm array task's share),
-planned before it starts (`--dry-run`), or spread over a Ray cluster. The pipeline below
+"""Where a run's work goes: split into shards (`--shard I/N`, or a Slurm array task's share)
+and planned before it starts (`--dry-run`). The pipeline below
 (`scan`, `cached_scan`) never knows where it runs: every share scans its checkpoints into the
 same results cache, each entry under a lock of its own, and a plain `scan RUN` joins them.
 """

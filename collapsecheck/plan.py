@@ -3,7 +3,7 @@ weights load (SPEC "Sampled negatives and swaps" gives the pair counts). Pure ar
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from collapsecheck.formatting import format_number
 
@@ -41,9 +41,6 @@ class Plan:
             f"{count(self.xz_pairs)} X->Z pairs ({negatives}){flow} per checkpoint; "
             f"at most {count(self.max_tokens * self.to_scan)} tokens to sample and score"
         )
-
-    def to_dict(self) -> dict[str, int | None]:
-        return asdict(self)
 
 
 def plan_work(

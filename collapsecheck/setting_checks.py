@@ -10,7 +10,7 @@ from typing import Any
 
 from collapsecheck.backends.registry import check_engine_names
 from collapsecheck.reasoning import action_spec, reasoning_spec
-from collapsecheck.settings import LoadSettings, ScoringSettings, Settings
+from collapsecheck.settings import GROUPS, LoadSettings, ScoringSettings, Settings
 
 
 def check_segments(scoring: ScoringSettings) -> None:
@@ -34,6 +34,6 @@ def check_group(values: Any) -> None:
 
 def checked(settings: Settings) -> Settings:
     """`settings`, every group checked."""
-    for group in (settings.load, settings.scoring):
-        check_group(group)
+    for group in GROUPS:
+        check_group(getattr(settings, group))
     return settings

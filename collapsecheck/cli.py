@@ -71,7 +71,12 @@ def console(to_stderr: bool = False) -> Console:
 PIPED_WIDTH = 180
 stdout = console()
 stderr = console(to_stderr=True)
-state = {"debug": os.environ.get(DEBUG_ENV, "") not in ("", "0")}
+state = {"debug": False}
+
+
+def debug_from_environment() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
 
 # The heading each settings group's options appear under in --help.
 PANELS = {
@@ -629,8 +634,7 @@ def _root(
     ] = False,
 ) -> None:
     """collapsecheck: is the reasoning of an RL-trained policy still grounded in its input?"""
-    if debug:
-        state["debug"] = True
+    state["debug"] = debug or debug_from_environment()  # per invocation, never left over
 
 
 def _terminated(signum: int, frame: Any) -> None:

@@ -1,15 +1,20 @@
-"""How far `--negatives M` moves the numbers from the full matrix's, on the demo checkpoints.
+"""How far the default sampled negatives and swaps (`--negatives auto`, M = 15) move the
+numbers and verdicts from the full matrices' (`--negatives all`), at N = 64, K = 8, on every
+demo checkpoint and every demo flow.
 
-Each checkpoint is scanned once with the full matrix; the sampled-negatives estimate for each
-M then masks that matrix exactly as `--negatives M` chooses its prompts (the entries a
-sampled scan computes are the full matrix's entries: tests/test_cli.py checks that). Writes
-the table into docs/benchmarks.md.
+Each checkpoint is scanned once with the full matrices. The sampled estimate then masks those
+matrices exactly as a sampled scan chooses its entries (`negative_groups`, `chosen_swaps`;
+the entries a sampled scan computes are the full matrices' entries: tests/test_negatives.py
+checks that), for several seeds, so the table also shows how much the choice of negatives
+moves the numbers. Writes its section of docs/benchmarks.md.
 
-    python bench/negatives.py
+    python bench/negatives.py [--seeds 5]
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -17,15 +22,18 @@ import numpy as np
 from bench_scoring import replace_section
 
 from collapsecheck import scan
-from collapsecheck.cross_scoring import scored_groups
-from collapsecheck.dump import read_dump
+from collapsecheck.cross_scoring import chosen_swaps, negative_groups
+from collapsecheck.dump import read_dump, read_flow
+from collapsecheck.flow import FlowLogProbs, compute_flow_metrics, decide_flow
 from collapsecheck.metrics import CrossLogProbs, compute_metrics
+from collapsecheck.settings import DEFAULT_NEGATIVES
 from collapsecheck.verdict import decide
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-PROMPTS = EXAMPLES / "prompts" / "gridworld.jsonl"
+PROMPTS = EXAMPLES / "prompts" / "gridworld-256.jsonl"
 DOCS = ROOT / "docs" / "benchmarks.md"
+N, K = 64, 8
 CHECKPOINTS = [
     "demo-run/global_step_100",
     "demo-run/global_step_200",
@@ -34,55 +42,114 @@ CHECKPOINTS = [
     "demo-run/global_step_500",
     "checkpoints/grounded-compressed",
     "checkpoints/low-entropy-collapse",
+    "checkpoints/flow/faithful",
+    "checkpoints/flow/decorative",
+    "checkpoints/flow/action-collapse",
 ]
-NEGATIVES = (None, 16, 8, 4, 2, 1)
-MARKER = "## Sampled negatives"
+KEYS = ("normalized_mi", "retrieval_skill", "action_state_share", "action_reasoning_share",
+        "action_input_share")  # fmt: skip
+MARKER = "## Sampled negatives and swaps"
 
 
-def with_negatives(full: CrossLogProbs, negatives: int | None, seed: int = 0) -> CrossLogProbs:
+def sampled_matrix(full: CrossLogProbs, negatives: int, seed: int) -> CrossLogProbs:
     groups = full.column_group
-    chosen = scored_groups(groups[full.row_prompt], groups, negatives, seed)
+    under = negative_groups(groups, negatives, seed)
     scored_group = np.zeros(full.sum.shape, dtype=bool)
-    for row, wanted in enumerate(chosen):
-        scored_group[row, wanted] = True
+    for row, prompt in enumerate(full.row_prompt):
+        scored_group[row, under[int(groups[prompt])]] = True
     scored = scored_group[:, groups]
-    return CrossLogProbs(
-        np.where(scored, full.sum, np.nan), np.where(scored, full.mean, np.nan),
-        full.row_prompt, groups, scored,
+    return dataclasses.replace(
+        full, sum=np.where(scored, full.sum, np.nan), mean=np.where(scored, full.mean, np.nan),
+        scored=scored,
     )  # fmt: skip
 
 
+def sampled_flow(full: FlowLogProbs, negatives: int, seed: int) -> FlowLogProbs:
+    groups = full.column_group
+    under = negative_groups(groups, negatives, seed)
+    own = groups[full.row_prompt]
+    inputs = np.zeros(full.input.shape, dtype=bool)
+    swapped = np.zeros(full.reasoning.shape, dtype=bool)
+    for row, chosen in enumerate(chosen_swaps(own, under, negatives, seed)):
+        inputs[row] = np.isin(groups, under[int(own[row])])
+        swapped[row, chosen] = True
+    return dataclasses.replace(
+        full,
+        input=np.where(inputs, full.input, np.nan),
+        reasoning=np.where(swapped, full.reasoning, np.nan),
+        natural=np.where(swapped, full.natural, np.nan),
+    )
+
+
+def numbers(matrix: CrossLogProbs, counts, flow: FlowLogProbs | None) -> tuple[dict, str, str]:
+    metrics = dict(compute_metrics(matrix, counts))
+    verdict = decide(metrics)
+    regime = verdict.regime + (" (partial)" if verdict.partial else "")
+    flow_regime = "-"
+    if flow is not None:
+        flow_metrics = compute_flow_metrics(flow)
+        metrics.update(flow_metrics)
+        flow_regime = decide_flow(flow_metrics).regime
+    return {key: _value(metrics.get(key)) for key in KEYS}, regime, flow_regime
+
+
+def _value(metric) -> float:
+    return float("nan") if metric is None else float(getattr(metric, "value", metric))
+
+
+def row(name: str, dump: Path, seeds: int) -> str:
+    full, counts = read_dump(dump)
+    flow = read_flow(dump)
+    exact, regime, flow_regime = numbers(full, counts, flow)
+    diffs, regimes, flow_regimes = [], set(), set()
+    for seed in range(seeds):
+        sampled, r, f = numbers(
+            sampled_matrix(full, DEFAULT_NEGATIVES, seed), counts,
+            None if flow is None else sampled_flow(flow, DEFAULT_NEGATIVES, seed),
+        )  # fmt: skip
+        diffs.append([sampled[k] - exact[k] for k in KEYS])
+        regimes.add(r)
+        flow_regimes.add(f)
+    worst = np.nanmax(np.abs(np.array(diffs)), axis=0)
+    cells = [
+        f"{exact[k]:.3f} / {w:+.3f}".replace("+", "") for k, w in zip(KEYS, worst, strict=True)
+    ]
+    same = "yes" if regimes == {regime} and flow_regimes == {flow_regime} else "**no**"
+    return (
+        f"| {name} | " + " | ".join(cells) + f" | {regime} / {', '.join(sorted(regimes))} | "
+        f"{flow_regime} / {', '.join(sorted(flow_regimes))} | {same} |"
+    )
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args()
     lines = [
         MARKER,
         "",
-        "Demo checkpoints, all 32 prompts x 8 samples (64 new tokens), CPU. `M` = negatives per "
-        "trace (full = all 31 other prompts). Retrieval is then among M + 1 candidates, so its "
-        "chance level is 1 / (M + 1); the skill and normalized MI are comparable with the full "
-        "matrix's. Made by `python bench/negatives.py`.",
+        f"N = {N} prompts of `examples/prompts/gridworld-256.jsonl` x K = {K} samples (64 new "
+        f"tokens), CPU, float32. Full matrices (`--negatives all`) against the default "
+        f"(`--negatives auto`: M = {DEFAULT_NEGATIVES} other prompts per trace and "
+        f"{DEFAULT_NEGATIVES} swapped traces per action beside its own prompt's; SPEC "
+        f'"Sampled negatives and swaps"), over {args.seeds} seeds of the sampling. Each cell: '
+        "the full matrices' value / the largest difference of a sampled estimate from it. "
+        "Verdicts: full / every verdict the sampled estimates gave. Made by "
+        "`python bench/negatives.py` (part of `make bench`).",
         "",
-        "| checkpoint | M | normalized MI | retrieval skill | retrieval (chance) | verdict |",
-        "|---|---|---|---|---|---|",
+        "| checkpoint | " + " | ".join(KEYS) + " | verdict | flow verdict | unchanged |",
+        "|---|" + "---|" * (len(KEYS) + 3),
     ]
     with tempfile.TemporaryDirectory() as scratch:
         for name in CHECKPOINTS:
             dump = Path(scratch) / name.replace("/", "-")
-            scan(EXAMPLES / name, PROMPTS, k=8, max_new_tokens=64, device="cpu", dump=dump)
-            full, counts = read_dump(dump)
-            for negatives in NEGATIVES:
-                metrics = compute_metrics(with_negatives(full, negatives), counts)
-                verdict = decide(metrics)
-                label = "full" if negatives is None else str(negatives)
-                lines.append(
-                    f"| {name} | {label} | {metrics['normalized_mi'].value:.3f} | "
-                    f"{metrics['retrieval_skill'].value:.3f} | "
-                    f"{metrics['retrieval_accuracy'].value:.3f} "
-                    f"({metrics['retrieval_chance_level']:.3f}) | {verdict.regime}"
-                    f"{' (partial)' if verdict.partial else ''} |"
-                )
-                print(lines[-1], flush=True)
+            scan(EXAMPLES / name, PROMPTS, num_prompts=N, k=K, max_new_tokens=64, device="cpu",
+                 dump=dump, negatives="all")  # fmt: skip
+            lines.append(row(name, dump, args.seeds))
+            print(lines[-1], flush=True)
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    DOCS.write_text(replace_section(text, MARKER, "\n".join(lines)))
+    text = replace_section(text, "## Sampled negatives", "\n".join(lines))
+    DOCS.write_text(text)
 
 
 if __name__ == "__main__":

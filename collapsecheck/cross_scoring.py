@@ -54,35 +54,37 @@ def column_groups(prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
     return first_of_each([tuple(ids) for ids in prompt_ids])
 
 
-def scored_groups(
-    own_groups: np.ndarray, groups: np.ndarray, negatives: int | None, seed: int
-) -> list[np.ndarray]:
-    """For each row (given its own prompt's group), the distinct prompts (group ids) to score
-    it under: all of them, or its own plus `negatives` others drawn at random, seeded per row."""
+def negative_groups(groups: np.ndarray, negatives: int | None, seed: int) -> dict[int, np.ndarray]:
+    """SPEC "Sampled negatives and swaps": for each distinct prompt (group id), the groups its
+    traces are scored under. All of them, or its own and the `negatives` groups after it on a
+    cycle through the groups in a seeded random order: each group's negatives are then a
+    uniformly random set, and each group is a negative of exactly `negatives` others."""
     distinct = np.unique(groups)
     if negatives is None or negatives >= len(distinct) - 1:
-        return [distinct] * len(own_groups)
-    chosen = []
-    for row, own in enumerate(own_groups):
-        rng = np.random.default_rng([seed, row])
-        picked = rng.choice(distinct[distinct != own], size=negatives, replace=False)
-        chosen.append(np.sort(np.append(picked, own)))
-    return chosen
+        return {int(g): distinct for g in distinct}
+    cycle = np.random.default_rng(seed).permutation(distinct)
+    following = np.arange(negatives + 1)
+    return {int(g): np.sort(cycle[(at + following) % len(cycle)]) for at, g in enumerate(cycle)}
 
 
-def chosen_traces(own: np.ndarray, negatives: int | None, seed: int) -> list[np.ndarray]:
-    """For each flow row (given its prompt group), the traces s whose reasoning is swapped
-    in: all of them, or those of its own prompt and `negatives` others drawn at random."""
+def chosen_swaps(
+    own: np.ndarray, scored_under: dict[int, np.ndarray], negatives: int | None, seed: int
+) -> list[np.ndarray]:
+    """For each flow row (given its prompt group), the traces whose reasoning is swapped in:
+    every trace, or its own group's traces and `negatives` drawn at random from the other
+    traces whose X->Z pass ran under the row's prompt (so a swap never needs a pass of its
+    own), seeded per row."""
     everything = np.arange(len(own))
-    others_count = [(own != g).sum() for g in own]
-    if negatives is None or all(negatives >= c for c in others_count):
+    if negatives is None:
         return [everything] * len(own)
+    serving = {int(g): [h for h, under in scored_under.items() if g in under] for g in own}
+    eligible = {g: everything[(own != g) & np.isin(own, hosts)] for g, hosts in serving.items()}
     chosen = []
-    for row in range(len(own)):
-        others = everything[own != own[row]]
-        rng = np.random.default_rng([seed, row, 1])
+    for row, g in enumerate(own):
+        others = eligible[int(g)]
+        rng = np.random.default_rng([seed, row])
         picked = rng.choice(others, size=min(negatives, len(others)), replace=False)
-        chosen.append(np.sort(np.concatenate([everything[own == own[row]], picked])))
+        chosen.append(np.sort(np.concatenate([everything[own == g], picked])))
     return chosen
 
 
@@ -107,12 +109,14 @@ class Plan:
 
 
 def plan_reasoning(
-    plan: Plan, valid: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], chosen: list
-) -> None:
-    """X->Z: each valid trace's pre + Z under each chosen prompt (one per group)."""
-    for row, (trace, wanted) in enumerate(zip(valid, chosen, strict=True)):
+    plan: Plan, valid: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], own: np.ndarray,
+    scored_under: dict[int, np.ndarray],
+) -> None:  # fmt: skip
+    """X->Z: each valid trace's pre + Z under each prompt (one per group) its group is scored
+    under."""
+    for row, trace in enumerate(valid):
         continuation = trace.prefix_ids + trace.reasoning_ids
-        for group in wanted:
+        for group in scored_under[int(own[row])]:
             request = ScoreRequest(tuple(prompt_ids[group]), continuation, len(trace.prefix_ids))
             plan.add(request, "z", row, int(group))
 
@@ -134,7 +138,7 @@ def plan_flow(
     acting: Sequence[Trace],
     prompt_ids: Sequence[Sequence[int]],
     own: np.ndarray,
-    prompts_chosen: list,
+    scored_under: dict[int, np.ndarray],
     traces_chosen: list,
 ) -> None:
     """SPEC "Information flow": A_r after (prompt, pre, Z) of a swapped input or trace, then
@@ -142,7 +146,7 @@ def plan_flow(
     continuation: a backend can branch the action from that pass instead of running it again.
     `natural` entries of a trace's own prompt equal `reasoning` ones and are copied after."""
     for row, trace in enumerate(acting):
-        for group in prompts_chosen[row]:
+        for group in scored_under[int(own[row])]:
             request = action_request(trace, trace, prompt_ids[group])
             plan.add(request, "input", row, int(group))
         for s in traces_chosen[row]:
@@ -172,9 +176,10 @@ def cross_score(
     flow: bool = False,
 ) -> CrossScores:
     """Score the valid traces under every prompt, or under their own and `negatives` sampled
-    others; with `flow`, the action matrices of the flow-valid traces too, in the same call.
-    Duplicate prompts are scored once and their column copied; entries not scored are NaN and
-    marked in the matrix's `scored` mask."""
+    others; with `flow`, the action matrices of the flow-valid traces too (`negatives`
+    swapped traces per action beside its own prompt's), in the same call. Duplicate prompts
+    are scored once and their column copied; entries not scored are NaN and marked in the
+    matrix's `scored` mask."""
     if negatives is not None and negatives < 1:
         raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
     groups = column_groups(prompt_ids)
@@ -182,15 +187,13 @@ def cross_score(
     valid = [traces[i] for i in rows]
     own = groups[[t.prompt_index for t in valid]] if valid else np.zeros(0, np.int64)
     plan = Plan()
-    plan_reasoning(plan, valid, prompt_ids, scored_groups(own, groups, negatives, seed))
+    scored_under = negative_groups(groups, negatives, seed)
+    plan_reasoning(plan, valid, prompt_ids, own, scored_under)
     flow_rows = [i for i, t in enumerate(traces) if t.flow_valid] if flow else []
     acting = [traces[i] for i in flow_rows]
     acting_own = groups[[t.prompt_index for t in acting]] if acting else np.zeros(0, np.int64)
-    plan_flow(
-        plan, acting, prompt_ids, acting_own,
-        scored_groups(acting_own, groups, negatives, seed + 1),
-        chosen_traces(acting_own, negatives, seed),
-    )  # fmt: skip
+    swaps = chosen_swaps(acting_own, scored_under, negatives, seed)
+    plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
     values = backend.loglikelihood(plan.requests, progress("scoring", len(plan.requests)))
     check_finite(values)
     lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)

@@ -102,7 +102,7 @@ def plan_scan(
     done = sum(is_cached(c, prompts, settings, root) for c in checkpoints) if cached else 0
     return plan_work(
         len(listed), settings.sampling.k, settings.sampling.max_new_tokens,
-        settings.scoring.negatives, action_spec(settings.scoring) is not None,
+        settings.scoring.negatives_bound, action_spec(settings.scoring) is not None,
         checkpoints=len(checkpoints), cached=done,
     )  # fmt: skip
 

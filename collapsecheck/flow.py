@@ -98,10 +98,12 @@ def state_logprobs(flow: FlowLogProbs) -> np.ndarray:
     return out
 
 
-def _gains(matrix: np.ndarray, own: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, ...]:
+def _gains(
+    matrix: np.ndarray, own: np.ndarray, groups: np.ndarray, complete: np.ndarray | None = None
+) -> tuple[np.ndarray, ...]:
     """Per row: matched, marginal, over the scored entries (the X->Z estimator)."""
     scored = _scored(matrix)
-    return matched_and_marginal(np.where(scored, matrix, 0.0), own, groups, scored)
+    return matched_and_marginal(np.where(scored, matrix, 0.0), own, groups, scored, complete)
 
 
 def flow_rows(flow: FlowLogProbs) -> dict[str, np.ndarray]:
@@ -109,7 +111,11 @@ def flow_rows(flow: FlowLogProbs) -> dict[str, np.ndarray]:
     m = len(flow.row_prompt)
     input_matched, input_marginal = _gains(flow.input, flow.row_prompt, flow.column_group)
     own = np.arange(m)
-    reason_matched, reason_marginal = _gains(flow.reasoning, own, flow.reasoning_group)
+    # a row's own prompt's traces are all swapped in, the others are a sample (identical
+    # reasoning among them too): SPEC "Sampled negatives and swaps"
+    prompt_group = flow.column_group[flow.row_prompt]
+    same_prompt = prompt_group[:, None] == prompt_group[None, :]
+    reason_matched, reason_marginal = _gains(flow.reasoning, own, flow.reasoning_group, same_prompt)
     state = state_logprobs(flow)
     state_matched, state_marginal = _gains(state, flow.row_prompt, flow.column_group)
     return {

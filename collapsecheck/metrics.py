@@ -115,20 +115,27 @@ def count_per_prompt(
 
 
 def matched_and_marginal(
-    logprobs: np.ndarray, row_prompt: np.ndarray, column_group: np.ndarray, scored: np.ndarray
+    logprobs: np.ndarray,
+    row_prompt: np.ndarray,
+    column_group: np.ndarray,
+    scored: np.ndarray,
+    complete: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """matched[r] = L[r, own prompt]; marginal[r] = logsumexp_j L[r, j] - log N.
 
-    With sampled negatives the sum over the other prompts is estimated from the sampled ones,
-    each weighted by (N - c) / m: c columns share the row's prompt, m others were scored. For
-    the full matrix every weight is 1 and this is the plain logsumexp.
+    With sampled negatives (SPEC "Sampled negatives and swaps") the sum over the columns is
+    estimated by stratum: the `complete` columns (always scored; by default the row's own
+    prompt and its duplicates) count once each, and the m scored others stand for all N - c
+    other columns, each weighted by (N - c) / m. For the full matrix every weight is 1 and
+    this is the plain logsumexp.
     """
     m, n = logprobs.shape
     matched = logprobs[np.arange(m), row_prompt]
-    correct = correct_columns(row_prompt, column_group)
-    others = scored & ~correct
+    if complete is None:
+        complete = correct_columns(row_prompt, column_group)
+    others = scored & ~complete
     sampled = np.maximum(others.sum(axis=1, keepdims=True), 1)
-    weight = np.where(correct, 1.0, (n - correct.sum(axis=1, keepdims=True)) / sampled)
+    weight = np.where(complete, 1.0, (n - complete.sum(axis=1, keepdims=True)) / sampled)
     with np.errstate(divide="ignore"):
         terms = np.where(scored, logprobs + np.log(weight), -np.inf)
     marginal = logsumexp(terms, axis=1) - np.log(n)

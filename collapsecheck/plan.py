@@ -47,16 +47,17 @@ def plan_work(
     prompts: int, samples: int, max_new_tokens: int, negatives: int | None, flow: bool,
     checkpoints: int = 1, cached: int = 0,
 ) -> Plan:  # fmt: skip
-    """Each of the N x K traces is scored under its own prompt and M others (all N without
-    negatives); with the flow, its action under those M + 1 inputs (`action_input`), and with
-    the reasoning of its own prompt's K traces and M others swapped in, once under its own
+    """SPEC "Sampled negatives and swaps": each of the N x K traces is scored under its own
+    prompt and M others (all N when M >= N - 1 or with no bound); with the flow, its action
+    under those M + 1 inputs (`action_input`), and with the reasoning of its own prompt's K
+    traces and M others swapped in (all N x K traces when that is fewer), once under its own
     input (`action_reasoning`) and once under theirs (`action_natural`)."""
     traces = prompts * samples
     full = negatives is None or negatives >= prompts - 1
     columns = prompts if full else negatives + 1
-    swaps = traces if full else samples + negatives
+    swaps = traces if negatives is None else min(traces, samples + negatives)
     xz = traces * columns
-    flow_pairs = traces * columns + 2 * traces * min(swaps, traces) if flow else 0
+    flow_pairs = traces * columns + 2 * traces * swaps if flow else 0
     return Plan(
         checkpoints, cached, prompts, samples, None if full else negatives, xz, flow_pairs,
         (traces + xz + flow_pairs) * max_new_tokens,

@@ -26,7 +26,7 @@ import numpy as np
 from collapsecheck.backends.base import Backend, Sample, SamplingParams
 from collapsecheck.backends.registry import load_backend
 from collapsecheck.checkpoint import Checkpoint, require_checkpoint
-from collapsecheck.cross_scoring import CrossScores, column_groups, cross_score
+from collapsecheck.cross_scoring import CrossScores, FlowScores, column_groups, cross_score
 from collapsecheck.dump import (
     PROMPTS_FILE,
     REPORT_FILE,
@@ -327,7 +327,7 @@ def score_traces(
     progress: ProgressHook,
 ) -> CrossScores:
     """SPEC "The cross log-probability matrix" of the valid traces."""
-    spec, negatives = reasoning_spec(settings.scoring), settings.scoring.negatives
+    spec = reasoning_spec(settings.scoring)
     if not any(t.valid for t in traces):
         hint = no_reasoning_hint(prepared, backend.tokenizer, settings.prompts)
         raise CollapsecheckError(
@@ -338,7 +338,7 @@ def score_traces(
         traces,
         prepared.ids,
         progress,
-        negatives=negatives,
+        negatives=settings.scoring.negatives_bound,
         seed=settings.analysis.seed,
         flow=action_spec(settings.scoring) is not None,
     )
@@ -425,16 +425,25 @@ class Diagnosis:
     reward_source: str | None = None
 
 
+def flow_estimator(flow: FlowScores | None, bound: int | None) -> str | None:
+    """How the flow's swap matrices were filled (SPEC "Sampled negatives and swaps")."""
+    if flow is None:
+        return None
+    if np.isfinite(flow.logprobs.reasoning).all():
+        return "full matrices"
+    return f"sampled swaps: own prompt's traces + {bound} others per action"
+
+
 def report_settings(
     diagnosis: Diagnosis, prepared: Prepared, scores: CrossScores, backend: Backend
 ) -> dict[str, Any]:
     """The report's `settings`: how the numbers were made (SPEC "Dump format")."""
     prompts, scoring = diagnosis.settings.prompts, diagnosis.settings.scoring
-    negatives = scoring.negatives
+    bound = scoring.negatives_bound
     estimator = (
         "full matrix"
         if scores.matrix.is_full
-        else f"sampled negatives: own prompt + {negatives} others per trace"
+        else f"sampled negatives: own prompt + {bound} others per trace"
     )
     return {
         **diagnosis.recorded,
@@ -446,7 +455,11 @@ def report_settings(
         "num_prompts": len(prepared.rendered),
         "reasoning": reasoning_spec(scoring).to_dict(),
         "action": action.to_dict() if (action := action_spec(scoring)) else None,
-        "cross_scoring": {"negatives": negatives, "estimator": estimator},
+        "cross_scoring": {
+            "negatives": scoring.negatives,
+            "estimator": estimator,
+            "flow_estimator": flow_estimator(scores.flow, bound),
+        },
         "bootstrap_resamples": diagnosis.settings.analysis.bootstrap,
         **backend.describe(),
         "versions": versions(),

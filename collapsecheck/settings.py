@@ -32,9 +32,14 @@ from collapsecheck.errors import CollapsecheckError
 
 # Bump when a code change alters the numbers of a scan whose settings are unchanged: the
 # results cache then recomputes instead of answering with stale numbers.
-NUMBERS_VERSION = 2
+NUMBERS_VERSION = 3
 
 AUTO = "auto"
+ALL = "all"
+# --negatives auto: each trace under its own prompt and 15 others, each action with 15 swapped
+# traces beside its own prompt's (SPEC "Sampled negatives and swaps"); up to 16 prompts, the
+# X->Z matrix is full. docs/benchmarks.md measures the agreement with the full matrices.
+DEFAULT_NEGATIVES = 15
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -137,7 +142,7 @@ class LoadSettings:
             self.device_map in (None, *DEVICE_MAPS),
             f"--device-map must be one of {', '.join(DEVICE_MAPS)}, got {self.device_map!r}",
         )
-        object.__setattr__(self, "batch_tokens", _batch_tokens(self.batch_tokens))
+        object.__setattr__(self, "batch_tokens", _word_or_count(self.batch_tokens, "batch_tokens"))
         if self.base_model is not None:
             object.__setattr__(self, "base_model", Path(self.base_model))
         _at_least(self.sample_batch, 1, "sample_batch")
@@ -150,17 +155,18 @@ class LoadSettings:
         )
 
 
-def _batch_tokens(value: int | str) -> int | str:
-    if value == AUTO:
+def _word_or_count(value: int | str, name: str, words: tuple[str, ...] = (AUTO,)) -> int | str:
+    """One of `words`, or a count of at least 1 (given as a number or its text)."""
+    if value in words:
         return value
     try:
-        tokens = int(value)
-    except ValueError:
+        count = int(value)
+    except (TypeError, ValueError):
         raise CollapsecheckError(
-            f"--batch-tokens must be auto or a number, got {value!r}"
+            f"{flag_name(name)} must be {' or '.join(words)} or a number, got {value!r}"
         ) from None
-    _at_least(tokens, 1, "batch_tokens")
-    return tokens
+    _at_least(count, 1, name)
+    return count
 
 
 @dataclass(frozen=True)
@@ -230,9 +236,10 @@ class ScoringSettings:
         None, "Reasoning matched by a regex (its group 1 if any).", numbers=True
     )
     whole_response: bool = setting(False, "Score the whole response as reasoning.", numbers=True)
-    negatives: int | None = setting(
-        None, "Score each trace under its own prompt and M sampled others, not all N.",
-        numbers=True,
+    negatives: int | str = setting(
+        AUTO, "Other prompts per trace, and swapped traces per action: M, auto "
+        f"({DEFAULT_NEGATIVES}) or all (the full matrices, quadratic in the batch).",
+        numbers=True, cli_type=str,
     )  # fmt: skip
     action_tags: str | None = setting(
         None, "Action between OPEN,CLOSE (default <answer>,</answer>).", numbers=True
@@ -254,7 +261,16 @@ class ScoringSettings:
         ):
             given = [flag_name(name) for name in names if getattr(self, name)]
             _require(len(given) <= 1, f"choose one of {' and '.join(given)}, not both")
-        _at_least(self.negatives, 1, "negatives")
+        object.__setattr__(
+            self, "negatives", _word_or_count(self.negatives, "negatives", (AUTO, ALL))
+        )
+
+    @property
+    def negatives_bound(self) -> int | None:
+        """The M of SPEC "Sampled negatives and swaps"; None: the full matrices."""
+        if self.negatives == ALL:
+            return None
+        return DEFAULT_NEGATIVES if self.negatives == AUTO else int(self.negatives)
 
 
 @dataclass(frozen=True)

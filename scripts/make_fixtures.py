@@ -321,6 +321,8 @@ def main() -> None:
     else:
         (EXAMPLES / "prompts").mkdir(parents=True, exist_ok=True)
         write_prompts(EXAMPLES / "prompts" / "gridworld.jsonl", 32, seed=1234)
+        # the larger set of the benchmarks (sampled negatives at N = 64, scaling to N = 256)
+        write_prompts(EXAMPLES / "prompts" / "gridworld-256.jsonl", 256, seed=4321)
         print("grounded base (global_step_100)", flush=True)
         model = build_model(tokenizer)
         train(model, tokenizer, 0.0, "diverse", args.base_steps, seed=1)

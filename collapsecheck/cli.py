@@ -219,6 +219,15 @@ def check_combinations(
         )
 
 
+def check_ray(checkpoint: Path, is_run: bool, sharded: bool) -> None:
+    if not is_run:
+        raise CollapsecheckError(f"--ray spreads a run directory: {checkpoint} is one checkpoint")
+    if sharded:
+        raise CollapsecheckError(
+            "--ray and --shard (or a Slurm array task) both split the run: choose one"
+        )
+
+
 def check_shard(checkpoint: Path, is_run: bool, outputs: OutputSettings) -> None:
     """A shard splits a run and writes only the results cache: the join writes the rest."""
     if not is_run:
@@ -380,11 +389,29 @@ def scan(
             rich_help_panel="Where the work runs",
         ),
     ] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="[ADDRESS]",
+            help="Scan each uncached checkpoint of the run as one Ray task (one GPU each, or "
+            "one CPU), then write the run report here. ADDRESS: host:port or ray://host:port, "
+            "auto (the cluster running here, a veRL job's) or local (a new one); a bare --ray "
+            "does as ray.init(): RAY_ADDRESS, else a cluster running here, else a new local one.",
+            rich_help_panel="Where the work runs",
+        ),
+    ] = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.console import print_notes, progress_bars
     from collapsecheck.discovery import find_checkpoints
-    from collapsecheck.distribute import plan_scan, resolve_shard, scan_share
+    from collapsecheck.distribute import (
+        connect_ray,
+        plan_scan,
+        resolve_shard,
+        scan_on_ray,
+        scan_share,
+    )
     from collapsecheck.outputs import check_outputs
     from collapsecheck.runs import cached_scan, scan_run, with_baseline
     from collapsecheck.scan import scan as run_scan
@@ -407,10 +434,15 @@ def scan(
             steps = part.share(steps)
             stderr.print(f"{part.describe()}: {len(steps)} checkpoint(s) of this run", style="dim")
         targets = [c.checkpoint for c in steps] if run else [single]
-        plan = plan_scan(targets, prompt_file, settings, outputs.out, bool(run or outputs.out))
+        plan = plan_scan(
+            targets, prompt_file, settings, outputs.out, bool(run or outputs.out) and not rescan
+        )
         if dry_run:
             stdout.print(plan.line(), markup=False, highlight=False, soft_wrap=True)
             return
+        if ray is not None:
+            check_ray(checkpoint, bool(run), part is not None)
+            stderr.print(connect_ray(ray), style="dim", highlight=False, soft_wrap=True)
         stderr.print(plan.line(), style="dim", markup=False, highlight=False, soft_wrap=True)
         common = {"thresholds": gate.thresholds, "flow_thresholds": gate.flow_thresholds}
         if part is not None:
@@ -422,6 +454,16 @@ def scan(
                 highlight=False, soft_wrap=True,
             )  # fmt: skip
             return
+        if ray is not None:
+            with progress_bars(stderr) as progress:
+                hosts = scan_on_ray(steps, prompt_file, settings, outputs.out, rescan, progress)
+            where = ", ".join(sorted(set(hosts))) or "no host"
+            stderr.print(
+                f"Ray: {len(hosts)} checkpoint(s) scanned on {where}; writing the run report "
+                "from the results cache",
+                style="dim", highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            rescan = False  # the tasks just rescanned; the join reads what they wrote
         with progress_bars(stderr) as progress:
             common["progress"] = progress
             if run:
@@ -641,10 +683,23 @@ def _terminated(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM ends a scan as Ctrl-C does: finished work is kept
 
 
+def bare_options(argv: Sequence[str]) -> list[str]:
+    """`--ray` given with no value (last, or before another option) becomes `--ray=default`:
+    typer's options either always or never take a value."""
+    from collapsecheck.distribute import RAY_DEFAULT
+
+    return [
+        f"--ray={RAY_DEFAULT}"
+        if arg == "--ray" and (at + 1 == len(argv) or argv[at + 1].startswith("-"))
+        else arg
+        for at, arg in enumerate(argv)
+    ]
+
+
 def main() -> None:
     """Console entry point; usage errors from typer exit with code 2 as well."""
     signal.signal(signal.SIGTERM, _terminated)
-    app(prog_name="collapsecheck")
+    app(args=bare_options(sys.argv[1:]), prog_name="collapsecheck")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def requests_with_padding():
     contexts = [tuple(rng.integers(5, 50, size=n).tolist()) for n in (7, 19, 3)]
     requests = []
     for context in contexts:
-        for length in (1, 4, 13, 30):
+        for length in (17, 20, 25, 30):  # unequal, within a factor 2: one batch
             continuation = tuple(rng.integers(5, 50, size=length).tolist())
             scored_from = int(rng.integers(0, min(3, length)))
             requests.append(ScoreRequest(context, continuation, scored_from))
@@ -67,7 +67,7 @@ def system_prompt_requests():
     return [
         ScoreRequest(context, tuple(rng.integers(5, 50, size=length).tolist()), 1)
         for context in contexts
-        for length in (3, 11)
+        for length in (6, 11)  # within a factor 2: one batch
     ]
 
 

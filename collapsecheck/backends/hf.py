@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import gc
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +42,13 @@ from collapsecheck.settings import DEFAULT_SAMPLE_BATCH, LoadSettings
 
 
 def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
-    """Indices grouped longest first so that (batch size x longest length) <= max_tokens."""
+    """Indices grouped longest first so that (batch size x longest length) <= max_tokens and
+    each batch's lengths are over half its longest (padding at most doubles the work)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batch: list[int] = []
     for index in order:
         longest = lengths[batch[0]] if batch else lengths[index]
-        if batch and (len(batch) + 1) * longest > max_tokens:
+        if batch and ((len(batch) + 1) * longest > max_tokens or 2 * lengths[index] <= longest):
             yield batch
             batch = []
         batch.append(index)
@@ -100,6 +101,9 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return length
 
 
+# branch tokens packed into one sequence after a stem: attention within a pack grows with its
+# square, and packs of one width batch together
+PACK_TOKENS = 64
 LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
 
 
@@ -155,6 +159,14 @@ def _select_rows(cache: Any, rows: torch.Tensor) -> Any:
     return clone
 
 
+def _common_branch(stem: tuple[int, ...], requests: Sequence[ScoreRequest]) -> tuple[int, ...]:
+    """The tokens after `stem` that most of its requests continue with (none if none does):
+    the stem's own pass runs them, so those requests need no branch of their own."""
+    tails = Counter(r.continuation[len(stem) :] for r in requests)
+    tails.pop((), None)
+    return max(tails, key=tails.__getitem__) if tails else ()
+
+
 @dataclass
 class _StemGroup:
     """The requests of one context, by stem, with the context's key/value cache."""
@@ -163,6 +175,7 @@ class _StemGroup:
     first_logits: torch.Tensor  # the context's logits for the first stem token
     requests: Sequence[ScoreRequest]
     keys: list[tuple[int, ...]]  # the distinct stems
+    rows: list[tuple[int, ...]]  # each stem carried on into its most common branch
     members: dict[tuple[int, ...], list[int]]  # stem -> indices of its requests
     out: np.ndarray
 
@@ -171,7 +184,7 @@ class _StemGroup:
 class _Stems:
     """A batch of stems after their forward pass: what their branches continue from."""
 
-    cache: Any  # context + stems (right-padded to `width`)
+    cache: Any  # context + stem rows (right-padded to `width`; a branch reads the stem part)
     last_logits: torch.Tensor  # per stem row, the logits for the first branch token
     context_length: int
     lengths: torch.Tensor  # per stem row, its own length
@@ -434,7 +447,8 @@ class TransformersBackend:
         self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
     ) -> None:
         """Each distinct context is run once; each distinct stem once on top of it (packed by
-        length); each branch (an action after a reasoning, say) on top of its stem."""
+        length), carrying on into its most common branch; every other branch (an action after
+        a reasoning, say) on top of its stem."""
         by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_context[request.context].append(index)
@@ -443,16 +457,18 @@ class TransformersBackend:
             for index in by_context[context]:
                 request = requests[index]
                 stems[request.continuation[: request.stem_length]].append(index)
-            group = _StemGroup(cache, first_logits, requests, list(stems), stems, out)
+            keys = list(stems)
+            rows = [key + _common_branch(key, [requests[i] for i in stems[key]]) for key in keys]
+            group = _StemGroup(cache, first_logits, requests, keys, rows, stems, out)
             score = functools.partial(self._score_stems, group)
-            self._score_batches(
-                range(len(group.keys)), [len(k) for k in group.keys], score, progress
-            )
+            self._score_batches(range(len(keys)), [len(r) for r in rows], score, progress)
 
     def _score_stems(self, group: _StemGroup, batch: Sequence[int]) -> int:
-        """Run the stems `group.keys[batch]` on the context's key/value cache; write the values
-        of the requests that end with their stem, then score the branches off them."""
-        rows = [group.keys[b] for b in batch]
+        """Run the stems `group.keys[batch]`, each carried on into its common branch, on the
+        context's key/value cache; write the values of the requests that this pass holds
+        (the stem itself, or the stem and that branch), then score the other branches off the
+        stems."""
+        keys, rows = [group.keys[b] for b in batch], [group.rows[b] for b in batch]
         ids = _right_pad(rows, self.pad_id, self.device)
         context_length = group.cache.get_seq_length()
         one_row = torch.zeros(len(rows), dtype=torch.long, device=self.device)
@@ -461,23 +477,24 @@ class TransformersBackend:
         # stem token 0 is predicted by the context's last logits, token t by logits[t-1]
         first = token_logprobs(group.first_logits.expand(len(rows), -1)[:, None, :], ids[:, :1])
         logprobs = torch.cat([first, token_logprobs(logits[:, :-1], ids[:, 1:])], dim=1)
-        ends, branches = [], []
-        for b, key in enumerate(rows):
+        held, branches = [], []
+        for b, key in enumerate(keys):
             for index in group.members[key]:
-                request = group.requests[index]
-                target = ends if len(request.continuation) == len(key) else branches
-                target.append((b, index))
-        if ends:
-            picked = torch.tensor([b for b, _ in ends], device=self.device)
-            starts = [group.requests[i].scored_from for _, i in ends]
-            mask = _positions_mask(starts, [len(rows[b]) for b, _ in ends], ids.shape[1])
-            group.out[[i for _, i in ends]] = masked_sums(logprobs[picked], mask.to(self.device))
+                continuation = group.requests[index].continuation
+                inside = continuation == rows[b][: len(continuation)]
+                (held if inside else branches).append((b, index))
+        if held:
+            picked = torch.tensor([b for b, _ in held], device=self.device)
+            starts = [group.requests[i].scored_from for _, i in held]
+            ends = [len(group.requests[i].continuation) for _, i in held]
+            mask = _positions_mask(starts, ends, ids.shape[1])
+            group.out[[i for _, i in held]] = masked_sums(logprobs[picked], mask.to(self.device))
         if branches:
-            lengths = torch.tensor([len(k) for k in rows], device=self.device)
+            lengths = torch.tensor([len(k) for k in keys], device=self.device)
             last = logits[torch.arange(len(rows), device=self.device), lengths - 1]
             stem = _Stems(cache, last, context_length, lengths, ids.shape[1])
             self._score_branches(stem, group, branches)
-        return len(ends) + len(branches)
+        return len(held) + len(branches)
 
     def _score_branches(
         self, stem: _Stems, group: _StemGroup, branches: Sequence[tuple[int, int]]
@@ -491,7 +508,7 @@ class TransformersBackend:
             request = group.requests[index]
             cut = request.stem_length
             unique[(b, request.continuation[cut:], request.scored_from - cut)].append(index)
-        packs = _packs(list(unique), self.batch_tokens)
+        packs = _packs(list(unique), min(self.batch_tokens, PACK_TOKENS))
         lengths = [sum(len(tail) for _, tail, _ in pack) for pack in packs]
         for chunk in length_batches(lengths, max(self.batch_tokens, max(lengths))):
             chosen = [packs[i] for i in chunk]

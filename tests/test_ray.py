@@ -1,0 +1,135 @@
+"""--ray: each uncached checkpoint of a run as one task on a real Ray cluster, started here
+with `ray start` as a cluster's head node is; the numbers are those of a one-process scan and
+of a sharded one."""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROMPTS, RUN
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+RAY = Path(sys.executable).parent / "ray"
+FAST = ["-p", str(PROMPTS), "-n", "4", "-k", "2", "--max-new-tokens", "32", "--device", "cpu",
+        "--fail-on", "none"]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def collapsecheck(*args, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "collapsecheck", "scan", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A one-node Ray cluster, as `ray start --head` makes one."""
+    port = free_port()
+    start = [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=2",
+             "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(start, check=True, capture_output=True, timeout=180)
+    yield f"127.0.0.1:{port}"
+    subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """Two checkpoints of the demo run: a grounded one and a collapsed one."""
+    run = tmp_path_factory.mktemp("run")
+    for step in ("global_step_100", "global_step_500"):
+        (run / step).symlink_to(RUN / step)
+    return run
+
+
+def joined(cluster: str, stderr: str) -> bool:
+    """The driver named the cluster (by the node's address, with the head's port)."""
+    port = cluster.rpartition(":")[2]
+    return any(
+        line.startswith("Ray: joined the cluster at ") and f":{port} (2 CPUs, 0 GPUs)" in line
+        for line in stderr.splitlines()
+    )
+
+
+def step_metrics(report_json: Path) -> dict:
+    report = json.loads(report_json.read_text())
+    return {s["step"]: s["report"]["metrics"] for s in report["steps"]}
+
+
+def test_ray_sharded_and_one_process_scans_give_identical_numbers(cluster, run_dir, tmp_path):
+    single = collapsecheck(
+        run_dir, *FAST, "--out", tmp_path / "one", "--json", tmp_path / "one.json"
+    )
+    assert single.returncode == 0, single.stderr
+    on_ray = collapsecheck(run_dir, *FAST, "--out", tmp_path / "ray", "--json",
+                           tmp_path / "ray.json", "--ray", cluster)  # fmt: skip
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert joined(cluster, on_ray.stderr)
+    assert "Ray: 2 checkpoint(s) scanned on" in on_ray.stderr
+    assert "2 of 2 checkpoints answered from the cache" in on_ray.stdout
+    for index in (0, 1):
+        shard = collapsecheck(run_dir, *FAST, "--out", tmp_path / "shards", "--shard", f"{index}/2")
+        assert shard.returncode == 0, shard.stderr
+    join = collapsecheck(
+        run_dir, *FAST, "--out", tmp_path / "shards", "--json", tmp_path / "j.json"
+    )
+    assert join.returncode == 0 and "2 of 2 checkpoints answered from the cache" in join.stdout
+    one = step_metrics(tmp_path / "one.json")
+    assert one.keys() == {100, 500}
+    assert step_metrics(tmp_path / "ray.json") == one == step_metrics(tmp_path / "j.json")
+
+
+def test_a_bare_ray_joins_the_cluster_running_here(cluster, run_dir, tmp_path):
+    """As ray.init() does: the cluster `ray start` left on this machine; cached steps are
+    not sent to it again."""
+    result = collapsecheck(run_dir, *FAST, "--out", tmp_path, "--ray")
+    assert result.returncode == 0, result.stderr
+    assert joined(cluster, result.stderr)
+    again = collapsecheck(run_dir, *FAST, "--out", tmp_path, "--ray")
+    assert "Ray: 0 checkpoint(s) scanned" in again.stderr
+
+
+def test_a_failed_task_is_named_and_the_others_are_kept(cluster, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "global_step_100").symlink_to(RUN / "global_step_100")
+    broken = run / "global_step_200"
+    shutil.copytree(RUN / "global_step_200", broken)
+    weights = next(broken.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated: the task fails loading it
+    result = collapsecheck(run, *FAST, "--out", tmp_path / "out", "--ray", cluster)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: 1 of 2 Ray tasks failed (the others are in the results")
+    assert "200:" in lines[-1]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ray", "127.0.0.1:1"], "error: --ray 127.0.0.1:1: nothing answers at 127.0.0.1:1"),
+        (["--ray", "ray://127.0.0.1:1"], "error: --ray ray://127.0.0.1:1: nothing answers at"),
+        (["--ray", "127.0.0.1:6379", "--shard", "0/2"], "error: --ray and --shard"),
+    ],
+)
+def test_bad_ray_use_is_one_line_and_exit_2(run_dir, tmp_path, args, message):
+    result = collapsecheck(run_dir, *FAST, "--out", tmp_path, *args, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+
+
+def test_ray_takes_a_run_not_one_checkpoint(tmp_path):
+    result = collapsecheck(RUN / "global_step_100", *FAST, "--ray", "local")
+    assert result.returncode == 2
+    assert "--ray spreads a run directory" in result.stderr

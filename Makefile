@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: grpo-run-scans install demo test test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
+.PHONY: grpo-run-scans install demo test test-cluster test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
 
 install: $(STAMP)
 
@@ -33,7 +33,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
 	$(VENV)/bin/ruff format --check collapsecheck tests scripts bench
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm --ignore=tests/cluster
+
+# The Slurm array example against a real one-node Slurm (munged, slurmctld, slurmd started by
+# scripts/slurm-one-node.sh, which installs Debian's slurm-wlm and munge): needs root.
+test-cluster: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -ra tests/cluster
 
 # The vLLM backend, for real, on the CPU build of vLLM. Its extra torchvision, torchaudio and
 # torchcodec builds do not import against this torch and are removed.

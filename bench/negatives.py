@@ -124,6 +124,7 @@ def row(name: str, dump: Path, seeds: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--dumps", type=Path, help="keep the full scans here (reused if there)")
     args = parser.parse_args()
     lines = [
         MARKER,
@@ -142,9 +143,10 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as scratch:
         for name in CHECKPOINTS:
-            dump = Path(scratch) / name.replace("/", "-")
-            scan(EXAMPLES / name, PROMPTS, num_prompts=N, k=K, max_new_tokens=64, device="cpu",
-                 dump=dump, negatives="all")  # fmt: skip
+            dump = (args.dumps or Path(scratch)) / name.replace("/", "-")
+            if not (dump / "report.json").is_file():
+                scan(EXAMPLES / name, PROMPTS, num_prompts=N, k=K, max_new_tokens=64,
+                     device="cpu", dump=dump, negatives="all")  # fmt: skip
             lines.append(row(name, dump, args.seeds))
             print(lines[-1], flush=True)
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"

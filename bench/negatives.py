@@ -26,7 +26,7 @@ from collapsecheck.cross_scoring import chosen_swaps, negative_groups
 from collapsecheck.dump import read_dump, read_flow
 from collapsecheck.flow import FlowLogProbs, compute_flow_metrics, decide_flow
 from collapsecheck.metrics import CrossLogProbs, compute_metrics
-from collapsecheck.settings import DEFAULT_NEGATIVES
+from collapsecheck.settings import DEFAULT_NEGATIVES, swap_count
 from collapsecheck.verdict import decide
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def sampled_flow(full: FlowLogProbs, negatives: int, seed: int) -> FlowLogProbs:
     own = groups[full.row_prompt]
     inputs = np.zeros(full.input.shape, dtype=bool)
     swapped = np.zeros(full.reasoning.shape, dtype=bool)
-    for row, chosen in enumerate(chosen_swaps(own, under, negatives, seed)):
+    for row, chosen in enumerate(chosen_swaps(own, under, swap_count(negatives), seed)):
         inputs[row] = np.isin(groups, under[int(own[row])])
         swapped[row, chosen] = True
     return dataclasses.replace(
@@ -132,7 +132,7 @@ def main() -> None:
         f"N = {N} prompts of `examples/prompts/gridworld-256.jsonl` x K = {K} samples (64 new "
         f"tokens), CPU, float32. Full matrices (`--negatives all`) against the default "
         f"(`--negatives auto`: M = {DEFAULT_NEGATIVES} other prompts per trace and "
-        f"{DEFAULT_NEGATIVES} swapped traces per action beside its own prompt's; SPEC "
+        f"{swap_count(DEFAULT_NEGATIVES)} swapped traces per action beside its own prompt's; SPEC "
         f'"Sampled negatives and swaps"), over {args.seeds} seeds of the sampling. Each cell: '
         "the full matrices' value / the largest difference of a sampled estimate from it. "
         "Verdicts: full / every verdict the sampled estimates gave. Made by "

@@ -20,6 +20,7 @@ from collapsecheck.flow import FlowLogProbs
 from collapsecheck.metrics import CrossLogProbs
 from collapsecheck.progress import ProgressHook
 from collapsecheck.reasoning import Trace
+from collapsecheck.settings import swap_count
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def cross_score(
     flow_rows = [i for i, t in enumerate(traces) if t.flow_valid] if flow else []
     acting = [traces[i] for i in flow_rows]
     acting_own = groups[[t.prompt_index for t in acting]] if acting else np.zeros(0, np.int64)
-    swaps = chosen_swaps(acting_own, scored_under, negatives, seed)
+    swaps = chosen_swaps(acting_own, scored_under, swap_count(negatives), seed)
     plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
     values = backend.loglikelihood(plan.requests, progress("scoring", len(plan.requests)))
     check_finite(values)

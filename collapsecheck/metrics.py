@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
+from scipy.special import gammaln
 
 RETRIEVAL_KS = (2, 4, 8)
 ZSCORE_EPS = 1e-3
@@ -123,23 +123,44 @@ def matched_and_marginal(
 ) -> tuple[np.ndarray, np.ndarray]:
     """matched[r] = L[r, own prompt]; marginal[r] = logsumexp_j L[r, j] - log N.
 
-    With sampled negatives (SPEC "Sampled negatives and swaps") the sum over the columns is
+    With sampled negatives (SPEC "Sampled negatives and swaps") the sum S inside the log is
     estimated by stratum: the `complete` columns (always scored; by default the row's own
-    prompt and its duplicates) count once each, and the m scored others stand for all N - c
-    other columns, each weighted by (N - c) / m. For the full matrix every weight is 1 and
-    this is the plain logsumexp.
+    prompt and its duplicates) count once each, and the m scored others stand for all P
+    other columns, each weighted by P / m. That estimate is unbiased; its log is biased low
+    by about Var/(2 S^2), which is added back, with Var estimated from the sampled terms
+    (drawn without replacement). For the full matrix every weight is 1, Var is 0 and this
+    is the plain logsumexp.
     """
     m, n = logprobs.shape
     matched = logprobs[np.arange(m), row_prompt]
     if complete is None:
         complete = correct_columns(row_prompt, column_group)
     others = scored & ~complete
-    sampled = np.maximum(others.sum(axis=1, keepdims=True), 1)
-    weight = np.where(complete, 1.0, (n - complete.sum(axis=1, keepdims=True)) / sampled)
-    with np.errstate(divide="ignore"):
-        terms = np.where(scored, logprobs + np.log(weight), -np.inf)
-    marginal = logsumexp(terms, axis=1) - np.log(n)
-    return matched, marginal
+    sampled = others.sum(axis=1)
+    population = n - complete.sum(axis=1)
+    shift = np.where(scored, logprobs, -np.inf).max(axis=1)
+    terms = np.where(scored, np.exp(logprobs - shift[:, None]), 0.0)
+    weight = population / np.maximum(sampled, 1)
+    total = np.where(complete, terms, 0.0).sum(axis=1) + weight * np.where(others, terms, 0.0).sum(
+        axis=1
+    )
+    marginal = np.log(total) + shift - np.log(n)
+    return matched, marginal + sampling_correction(terms, others, population, total)
+
+
+def sampling_correction(
+    terms: np.ndarray, others: np.ndarray, population: np.ndarray, total: np.ndarray
+) -> np.ndarray:
+    """Var(S_hat) / (2 S_hat^2) per row: the second-order bias of log S_hat when m of the P
+    other terms were sampled without replacement (0 when all or at most one were)."""
+    sampled = others.sum(axis=1)
+    mean = np.where(others, terms, 0.0).sum(axis=1) / np.maximum(sampled, 1)
+    spread = np.where(others, (terms - mean[:, None]) ** 2, 0.0).sum(axis=1)
+    variance = spread / np.maximum(sampled - 1, 1)
+    drawn = (sampled > 1) & (sampled < population)
+    fraction = np.where(drawn, sampled / np.maximum(population, 1), 1.0)
+    total_variance = population**2 * (1 - fraction) * variance / np.maximum(sampled, 1)
+    return np.where(drawn, total_variance / (2 * total**2), 0.0)
 
 
 def hit_probability(tied: np.ndarray, correct: np.ndarray, slots: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collapsecheck.formatting import format_number
+from collapsecheck.settings import swap_count
 
 
 def count(n: int) -> str:
@@ -50,12 +51,12 @@ def plan_work(
     """SPEC "Sampled negatives and swaps": each of the N x K traces is scored under its own
     prompt and M others (all N when M >= N - 1 or with no bound); with the flow, its action
     under those M + 1 inputs (`action_input`), and with the reasoning of its own prompt's K
-    traces and M others swapped in (all N x K traces when that is fewer), once under its own
+    traces and 4M others swapped in (all N x K traces when that is fewer), once under its own
     input (`action_reasoning`) and once under theirs (`action_natural`)."""
     traces = prompts * samples
     full = negatives is None or negatives >= prompts - 1
     columns = prompts if full else negatives + 1
-    swaps = traces if negatives is None else min(traces, samples + negatives)
+    swaps = traces if negatives is None else min(traces, samples + swap_count(negatives))
     xz = traces * columns
     flow_pairs = traces * columns + 2 * traces * swaps if flow else 0
     return Plan(

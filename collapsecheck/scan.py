@@ -26,7 +26,12 @@ import numpy as np
 from collapsecheck.backends.base import Backend, Sample, SamplingParams
 from collapsecheck.backends.registry import load_backend
 from collapsecheck.checkpoint import Checkpoint, require_checkpoint
-from collapsecheck.cross_scoring import CrossScores, FlowScores, column_groups, cross_score
+from collapsecheck.cross_scoring import (
+    CrossScores,
+    FlowScores,
+    column_groups,
+    cross_score,
+)
 from collapsecheck.dump import (
     PROMPTS_FILE,
     REPORT_FILE,
@@ -80,6 +85,7 @@ from collapsecheck.settings import (
     PromptSettings,
     Settings,
     resolve_settings,
+    swap_count,
 )
 from collapsecheck.snr import PromptRewards, RowStatistics, snr_section
 from collapsecheck.verdict import Thresholds, decide
@@ -431,7 +437,7 @@ def flow_estimator(flow: FlowScores | None, bound: int | None) -> str | None:
         return None
     if np.isfinite(flow.logprobs.reasoning).all():
         return "full matrices"
-    return f"sampled swaps: own prompt's traces + {bound} others per action"
+    return f"sampled swaps: own prompt's traces + {swap_count(bound)} others per action"
 
 
 def report_settings(

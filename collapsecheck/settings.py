@@ -40,6 +40,9 @@ ALL = "all"
 # traces beside its own prompt's (SPEC "Sampled negatives and swaps"); up to 16 prompts, the
 # X->Z matrix is full. docs/benchmarks.md measures the agreement with the full matrices.
 DEFAULT_NEGATIVES = 15
+# swapped traces per action for each of the M negatives: a swap costs only its action's few
+# tokens, and the action marginals it estimates need more draws than the reasoning's
+SWAPS_PER_NEGATIVE = 4
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -153,6 +156,11 @@ class LoadSettings:
             share is None or 0 < share <= 1,
             f"--gpu-memory-utilization must be in (0, 1], got {share}",
         )
+
+
+def swap_count(negatives: int | None) -> int | None:
+    """Traces swapped into each action beside its own prompt's (None: every trace)."""
+    return None if negatives is None else SWAPS_PER_NEGATIVE * negatives
 
 
 def _word_or_count(value: int | str, name: str, words: tuple[str, ...] = (AUTO,)) -> int | str:

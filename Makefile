@@ -93,11 +93,13 @@ examples: $(STAMP)
 	$(PY) scripts/make_examples.py
 
 # Benchmarks (not part of the tests): scoring speed against the naive reference and the
-# machine's matmul peak, then the accuracy of --negatives; both write docs/benchmarks.md.
+# machine's matmul peak, the flow's cost, the agreement of the default sampled negatives with
+# the full matrices, and time per trace from N = 16 to 256; each writes docs/benchmarks.md.
 bench: $(STAMP)
 	$(PY) bench/bench_scoring.py --write
 	$(PY) bench/bench_flow.py --write
 	$(PY) bench/negatives.py
+	$(PY) bench/scaling.py
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env

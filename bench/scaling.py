@@ -1,0 +1,72 @@
+"""Time per trace as the batch grows, with the default sampled negatives and swaps
+(`--negatives auto`): N = 16, 64 and 256 prompts at K = 8 on a demo checkpoint, X->Z alone and
+with the flow, in one run. Goals (issue 23): time per trace within 1.5x from N = 16 to 256,
+and a flow that adds at most 35% to the X->Z time. Writes its section of docs/benchmarks.md.
+
+    python bench/scaling.py [--checkpoint examples/demo-run/global_step_300]
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import date
+from pathlib import Path
+
+from bench_scoring import machine, replace_section
+
+from collapsecheck import scan
+from collapsecheck.plan import plan_work
+from collapsecheck.settings import DEFAULT_NEGATIVES
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "examples" / "prompts" / "gridworld-256.jsonl"
+DOCS = ROOT / "docs" / "benchmarks.md"
+SIZES, K, NEW_TOKENS = (16, 64, 256), 8, 64
+MARKER = "## Scaling with the batch"
+
+
+def measure(checkpoint: Path, n: int, flow: bool) -> dict:
+    report = scan(checkpoint, PROMPTS, num_prompts=n, k=K, max_new_tokens=NEW_TOKENS,
+                  device="cpu", no_flow=not flow, bootstrap=200)  # fmt: skip
+    plan = plan_work(n, K, NEW_TOKENS, DEFAULT_NEGATIVES, flow)
+    return {"scoring_s": report.timing["scoring_s"], "pairs": plan.xz_pairs + plan.flow_pairs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoint", type=Path,
+                        default=ROOT / "examples" / "demo-run" / "global_step_300")  # fmt: skip
+    args = parser.parse_args()
+    rows = []
+    for n in SIZES:
+        alone, both = measure(args.checkpoint, n, False), measure(args.checkpoint, n, True)
+        traces = n * K
+        rows.append(
+            f"| {n} x {K} | {alone['pairs']:,} | {alone['scoring_s']:.1f} | "
+            f"{1000 * alone['scoring_s'] / traces:.2f} | {both['pairs']:,} | "
+            f"{both['scoring_s']:.1f} | {1000 * both['scoring_s'] / traces:.2f} | "
+            f"{100 * (both['scoring_s'] / alone['scoring_s'] - 1):.0f}% |"
+        )
+        print(rows[-1], flush=True)
+    checkpoint = args.checkpoint.resolve().relative_to(ROOT)
+    lines = [
+        MARKER,
+        "",
+        f"`make bench` ({date.today()}, {machine('cpu')}, float32): `{checkpoint}` on "
+        "`examples/prompts/"
+        f"gridworld-256.jsonl`, {NEW_TOKENS} new tokens, `--negatives auto` (M = "
+        f"{DEFAULT_NEGATIVES}: full X->Z up to 16 prompts). Scoring time only "
+        "(`timing.scoring_s`); pairs are the plan's (every response at its length limit). "
+        "Made by `python bench/scaling.py`.",
+        "",
+        "| N x K | X->Z pairs | X->Z s | ms per trace | with flow: pairs | s | ms per trace "
+        "| flow adds |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    DOCS.write_text(replace_section(text, MARKER, "\n".join(lines)))
+
+
+if __name__ == "__main__":
+    main()

@@ -182,13 +182,14 @@ class _StemGroup:
 
 @dataclass
 class _Stems:
-    """A batch of stems after their forward pass: what their branches continue from."""
+    """A batch of stem rows after their forward pass: what their branches continue from."""
 
-    cache: Any  # context + stem rows (right-padded to `width`; a branch reads the stem part)
-    last_logits: torch.Tensor  # per stem row, the logits for the first branch token
+    cache: Any  # context + stem rows (right-padded to `width`)
     context_length: int
-    lengths: torch.Tensor  # per stem row, its own length
     width: int
+    # (row, attach) -> the logits that predict a branch's first token when it leaves the row
+    # after `attach` of its tokens
+    first_logits: dict[tuple[int, int], torch.Tensor]
 
 
 class TransformersBackend:
@@ -490,26 +491,30 @@ class TransformersBackend:
             mask = _positions_mask(starts, ends, ids.shape[1])
             group.out[[i for _, i in held]] = masked_sums(logprobs[picked], mask.to(self.device))
         if branches:
-            lengths = torch.tensor([len(k) for k in keys], device=self.device)
-            last = logits[torch.arange(len(rows), device=self.device), lengths - 1]
-            stem = _Stems(cache, last, context_length, lengths, ids.shape[1])
-            self._score_branches(stem, group, branches)
+            attached = [(b, index, _attach_point(group.requests[index], rows[b]))
+                        for b, index in branches]  # fmt: skip
+            points = sorted({(b, at) for b, _, at in attached})
+            firsts = [logits[b, at - 1] if at else group.first_logits[0] for b, at in points]
+            stem = _Stems(
+                cache, context_length, ids.shape[1], dict(zip(points, firsts, strict=True))
+            )
+            self._score_branches(stem, group, attached)
         return len(held) + len(branches)
 
     def _score_branches(
-        self, stem: _Stems, group: _StemGroup, branches: Sequence[tuple[int, int]]
+        self, stem: _Stems, group: _StemGroup, branches: Sequence[tuple[int, int, int]]
     ) -> None:
-        """Each distinct branch (stem row, tokens after the stem) once. The branches of a stem
-        row are packed into one sequence that reads the row's key/value cache as it is: a 4D
-        attention mask lets each branch token see the context, the stem's own tokens (not its
-        pads) and the earlier tokens of its own branch, at the positions after the stem."""
-        unique: dict[tuple[int, tuple[int, ...], int], list[int]] = defaultdict(list)
-        for b, index in branches:
+        """Each distinct branch (stem row, the point where it leaves the row, its own tokens)
+        once. The branches of a stem row are packed into one sequence that reads the row's
+        key/value cache as it is: a 4D attention mask lets each branch token see the context,
+        the row's tokens before the branch's attach point and the earlier tokens of its own
+        branch, at the positions after that point."""
+        unique: dict[tuple[int, int, tuple[int, ...], int], list[int]] = defaultdict(list)
+        for b, index, at in branches:
             request = group.requests[index]
-            cut = request.stem_length
-            unique[(b, request.continuation[cut:], request.scored_from - cut)].append(index)
+            unique[(b, at, request.continuation[at:], request.scored_from - at)].append(index)
         packs = _packs(list(unique), min(self.batch_tokens, PACK_TOKENS))
-        lengths = [sum(len(tail) for _, tail, _ in pack) for pack in packs]
+        lengths = [sum(len(tail) for _, _, tail, _ in pack) for pack in packs]
         for chunk in length_batches(lengths, max(self.batch_tokens, max(lengths))):
             chosen = [packs[i] for i in chunk]
             sums = self._score_packs(stem, chosen)
@@ -528,28 +533,31 @@ class TransformersBackend:
             input_ids=layout.ids, attention_mask=mask, position_ids=layout.positions,
             past_key_values=cache, use_cache=True,
         ).logits  # fmt: skip
-        # a branch's first token is predicted by its stem's last logits, the others by the
-        # token before them in the pack, which is the same branch's previous token
+        # a branch's first token is predicted by the row's logits at its attach point, the
+        # others by the token before them in the pack, which is the same branch's previous one
         rest = token_logprobs(logits[:, :-1], layout.ids[:, 1:])
         logprobs = torch.cat([torch.zeros_like(rest[:, :1]), rest], dim=1).double().cpu()
-        pack_of = [p for p, pack_starts in enumerate(layout.starts) for _ in pack_starts]
-        first_ids = layout.ids[pack_of, [at for starts in layout.starts for at in starts]]
-        firsts = (
-            token_logprobs(stem.last_logits[layout.rows[pack_of]][:, None, :], first_ids[:, None])[
-                :, 0
-            ]
-            .double()
-            .cpu()
-        )
-        sums, branch = [], 0
-        for p, pack in enumerate(packs):
-            pack_sums = []
-            for start, (_, tail, scored) in zip(layout.starts[p], pack, strict=True):
-                total = float(logprobs[p, start + max(scored, 1) : start + len(tail)].sum())
-                pack_sums.append(total + (float(firsts[branch]) if scored == 0 else 0.0))
-                branch += 1
-            sums.append(pack_sums)
+        items = [(p, start, item) for p, pack in enumerate(packs)
+                 for start, item in zip(layout.starts[p], pack, strict=True)]  # fmt: skip
+        first_logits = torch.stack([stem.first_logits[(b, at)] for _, _, (b, at, _, _) in items])
+        first_ids = layout.ids[[p for p, _, _ in items], [start for _, start, _ in items]]
+        firsts = token_logprobs(first_logits[:, None, :], first_ids[:, None])[:, 0].double().cpu()
+        sums: list[list[float]] = [[] for _ in packs]
+        for (p, start, (_, _, tail, scored)), first in zip(items, firsts.tolist(), strict=True):
+            total = float(logprobs[p, start + max(scored, 1) : start + len(tail)].sum())
+            sums[p].append(total + (first if scored == 0 else 0.0))
         return sums
+
+
+def _attach_point(request: ScoreRequest, row: Sequence[int]) -> int:
+    """Where a branch leaves its stem row: after the tokens it shares with the row (the mid
+    before an action, say), but no later than where its scored tokens begin."""
+    shared = 0
+    for mine, theirs in zip(request.continuation, row, strict=False):
+        if mine != theirs:
+            break
+        shared += 1
+    return min(shared, request.scored_from)
 
 
 def _packs(items: list[tuple], budget: int) -> list[list[tuple]]:
@@ -562,7 +570,7 @@ def _packs(items: list[tuple], budget: int) -> list[list[tuple]]:
     for row_items in by_row.values():
         pack: list[tuple] = []
         for item in row_items:
-            if pack and sum(len(t) for _, t, _ in pack) + len(item[1]) > budget:
+            if pack and sum(len(t) for _, _, t, _ in pack) + len(item[2]) > budget:
                 packs.append(pack)
                 pack = []
             pack.append(item)
@@ -584,31 +592,32 @@ class _PackLayout:
 
     @classmethod
     def of(cls, packs: Sequence[list[tuple]], stem: _Stems, device: str) -> _PackLayout:
-        width = max(sum(len(t) for _, t, _ in pack) for pack in packs)
+        width = max(sum(len(t) for _, _, t, _ in pack) for pack in packs)
         n, past = len(packs), stem.context_length + stem.width
         ids = torch.zeros((n, width), dtype=torch.long)
         branch = torch.full((n, width), -1, dtype=torch.long)
         offsets = torch.zeros((n, width), dtype=torch.long)
+        attach = torch.zeros((n, width), dtype=torch.long)  # each token's branch's attach point
         starts = []
         for p, pack in enumerate(packs):
             at, pack_starts = 0, []
-            for number, (_, tail, _) in enumerate(pack):
+            for number, (_, point, tail, _) in enumerate(pack):
                 ids[p, at : at + len(tail)] = torch.tensor(tail)
                 branch[p, at : at + len(tail)] = number
                 offsets[p, at : at + len(tail)] = torch.arange(len(tail))
+                attach[p, at : at + len(tail)] = point
                 pack_starts.append(at)
                 at += len(tail)
             starts.append(pack_starts)
         rows = torch.tensor([pack[0][0] for pack in packs])
-        stem_lengths = stem.lengths.cpu()[rows]
         allowed = torch.zeros((n, 1, width, past + width), dtype=torch.bool)
         allowed[..., : stem.context_length] = True
-        stem_positions = torch.arange(stem.width)[None, :] < stem_lengths[:, None]
-        allowed[..., stem.context_length : past] = stem_positions[:, None, None, :]
+        row_positions = torch.arange(stem.width)[None, None, :] < attach[:, :, None]
+        allowed[:, 0, :, stem.context_length : past] = row_positions
         same_branch = (branch[:, :, None] == branch[:, None, :]) & (branch[:, None, :] >= 0)
         causal = offsets[:, None, :] <= offsets[:, :, None]
         allowed[:, 0, :, past:] = same_branch & causal
-        positions = stem.context_length + stem_lengths[:, None] + offsets
+        positions = stem.context_length + attach + offsets
         return cls(
             rows.to(device), ids.to(device), positions.to(device), offsets.to(device),
             allowed.to(device), starts,

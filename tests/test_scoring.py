@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from collapsecheck.backends.base import ScoreRequest, no_progress
-from collapsecheck.backends.hf import TransformersBackend, common_prefix_length, length_batches
+from collapsecheck.backends.hf import (
+    TransformersBackend,
+    common_prefix_length,
+    length_batches,
+    token_logprobs,
+)
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.settings import LoadSettings
 
@@ -128,3 +133,18 @@ def test_auto_batch_tokens_fits_the_model(random_checkpoint):
     assert 256 <= backend.batch_tokens <= 2**17
     with pytest.raises(CollapsecheckError, match="--batch-tokens must be auto or a number"):
         LoadSettings(device="cpu", batch_tokens="lots")
+
+
+def test_log_softmax_accumulates_in_float32_whatever_the_model_dtype():
+    """Every scoring path (naive, stems, branches) reads log-probabilities through
+    token_logprobs (sampling softmaxes `logits.float()`): bfloat16 logits are normalised in
+    float32, not in bfloat16."""
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 5, 4000) * 4).to(torch.bfloat16)
+    targets = torch.randint(0, 4000, (3, 5))
+    got = token_logprobs(logits, targets)
+    in_float32 = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None])[..., 0]
+    in_bfloat16 = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, in_float32, atol=1e-5)
+    assert (got - in_bfloat16.float()).abs().max() > 1e-3  # bfloat16 would round visibly

@@ -32,7 +32,7 @@ from collapsecheck.errors import CollapsecheckError
 
 # Bump when a code change alters the numbers of a scan whose settings are unchanged: the
 # results cache then recomputes instead of answering with stale numbers.
-NUMBERS_VERSION = 3
+NUMBERS_VERSION = 4
 
 AUTO = "auto"
 ALL = "all"

@@ -71,6 +71,8 @@ fixtures: $(STAMP)
 	$(PY) scripts/make_grpo_run.py
 	$(PY) scripts/make_grpo_run.py --shortcut-weight 0 --steps 60 --save-steps 30 --save-final \
 		--out tests/fixtures/trl-grpo-task-only
+	$(PY) scripts/make_grpo_run.py --steps 6 --save-steps 2 --logging-steps 2 --log-completions \
+		--out tests/fixtures/trl-grpo-completions
 
 # Checkpoints written by veRL's own code (FSDP2 engine, checkpoint manager, merger) on CPU, in
 # an environment of their own (veRL pins its own transformers): tests/fixtures/verl-0.9.1/

@@ -547,6 +547,8 @@ def score(
                 thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds,
                 dump=outputs.dump, progress=progress,
             )  # fmt: skip
+        for note in report.settings.get("trainer_rollouts", {}).get("notes", []):
+            stderr.print(note, style="dim", highlight=False, soft_wrap=True)
         write_prompt_outputs(report, outputs, None, settings)
     gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs)
 

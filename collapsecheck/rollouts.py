@@ -11,6 +11,9 @@ Three sources, all turned into prompts and (ids, truncated) samples per prompt:
   trajectory-uniform, or each trajectory's first turn); each sampled turn is one prompt with
   one trace, scored against the other sampled turns' contexts.
 - A `--dump` directory of a scan: its rendered prompt ids and sampled response ids, exactly.
+
+A trainer's own rollout file (TRL's completions parquet, a veRL `rollout_data_dir` JSONL) is
+recognised by `collapsecheck.trainer_rollouts` and read as single-turn rows.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collapsecheck.prompts import (
 )
 from collapsecheck.rewards import as_reward
 from collapsecheck.settings import PromptSettings
+from collapsecheck.trainer_rollouts import trainer_rollouts
 
 RESPONSE_FIELDS = ("response", "output", "completion")
 REWARD_FIELDS = ("reward", "score")
@@ -157,34 +161,63 @@ def _sample_turns(
     return [[pairs[i]] for i in chosen], settings
 
 
-def read_rollouts(
-    path: str | Path,
-    tokenizer: Any,
-    options: RolloutOptions,
-    rendering: PromptSettings | None = None,
-) -> SampledPrompts:
-    """Prompts and samples of a rollout file or a dump directory."""
+@dataclass(frozen=True)
+class ParsedRollouts:
+    """A rollout file's responses grouped by prompt, every row checked; not yet tokenized."""
+
+    groups: list[list[_Turn]]
+    rewards: list[list[float]] | None
+    settings: dict[str, Any]
+
+
+def parse_rollouts(path: str | Path, options: RolloutOptions) -> ParsedRollouts | None:
+    """Every row of a rollout file read and checked, before any model loads; None for a dump
+    directory (read with the tokenizer, by `read_rollouts`)."""
     path = Path(path)
-    if path.is_dir():
-        return read_dump_samples(path)
+    return None if path.is_dir() else _parse_file(path, options)
+
+
+def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
     if not path.is_file():
         raise CollapsecheckError(f"rollouts not found: {path}")
-    rows = read_rows(path)
+    settings: dict[str, Any] = {"rollouts": str(path), "rollouts_sha256": file_sha256(path)}
+    written = trainer_rollouts(path)
+    if written is not None:
+        rows = written.rows
+        settings["trainer_rollouts"] = {
+            "trainer": written.trainer, "step": written.step, "notes": written.notes,
+        }  # fmt: skip
+    else:
+        rows = read_rows(path)
     if not rows:
         raise CollapsecheckError(f"{path}: no rollouts found (the file is empty)")
-    settings: dict[str, Any] = {"rollouts": str(path), "rollouts_sha256": file_sha256(path)}
     if TURNS_FIELD in rows[0][1]:
         groups, sampled = _sample_turns(rows, options)
         settings["multi_turn"] = sampled
     else:
         groups = _group_single_turns(rows, options)
-    prompts = [group[0].prompt for group in groups]
-    rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings())
-    samples = [[_sample(turn, tokenizer) for turn in group] for group in groups]
     rewards, source = _rewards(groups, rows, options)
     if source is not None:
         settings["rewards"] = source
-    return SampledPrompts(prompts, rendered, samples, settings, rewards)
+    return ParsedRollouts(groups, rewards, settings)
+
+
+def read_rollouts(
+    path: str | Path,
+    tokenizer: Any,
+    options: RolloutOptions,
+    rendering: PromptSettings | None = None,
+    parsed: ParsedRollouts | None = None,
+) -> SampledPrompts:
+    """Prompts and samples of a rollout file (`parsed` already, or parsed here) or a dump
+    directory."""
+    if Path(path).is_dir():
+        return read_dump_samples(Path(path))
+    parsed = parsed or _parse_file(Path(path), options)
+    prompts = [group[0].prompt for group in parsed.groups]
+    rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings())
+    samples = [[_sample(turn, tokenizer) for turn in group] for group in parsed.groups]
+    return SampledPrompts(prompts, rendered, samples, parsed.settings, parsed.rewards)
 
 
 def _rewards(

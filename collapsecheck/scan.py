@@ -78,7 +78,7 @@ from collapsecheck.reasoning import (
 )
 from collapsecheck.report import Report
 from collapsecheck.rewards import load_reward_fn, score_responses
-from collapsecheck.rollouts import RolloutOptions, read_rollouts
+from collapsecheck.rollouts import RolloutOptions, parse_rollouts, read_rollouts
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
     AnalysisSettings,
@@ -701,10 +701,11 @@ def score(
         seed=settings.analysis.seed,
         reward_field=settings.rewards.reward_field,
     )
+    parsed = parse_rollouts(rollouts, options)  # a bad row is refused before any model loads
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
-        data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts)
+        data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts, parsed)
         require_two_prompts(len(data.prompts), rollouts)
         prepared = prepare_rollouts(data, model, settings)
         with holding(dump) as dump_dir:

@@ -99,6 +99,11 @@ def main() -> None:
     parser.add_argument(
         "--save-final", action="store_true", help="end with trainer.save_model(out), as users do"
     )
+    parser.add_argument("--logging-steps", type=int, default=5)
+    parser.add_argument(
+        "--log-completions", action="store_true",
+        help="TRL writes each logging step's completions to output_dir/completions/",
+    )  # fmt: skip
     parser.add_argument("--start", type=Path, default=START, help="the policy to train from")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
@@ -123,7 +128,8 @@ def main() -> None:
         entropy_target=args.entropy_target,
         entropy_coef=0.0,
         entropy_coef_delta=0.002,
-        logging_steps=5,
+        logging_steps=args.logging_steps,
+        log_completions=args.log_completions,
         save_strategy="steps",
         save_steps=args.save_steps,
         save_only_model=True,

@@ -1,0 +1,43 @@
+"""What a trainer's rollout file holds, once read: generic rollout rows and what was decided
+on the way (which reward, how responses were grouped)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+
+Row = tuple[str, dict[str, Any]]  # (where: file and row, the row)
+
+
+@dataclass(frozen=True)
+class TrainerRollouts:
+    """Rows with `prompt` (text or chat messages), `response` (text), `reward` (a number or
+    absent) and `group` (responses to one prompt); `trainer` and `step` say where they came
+    from, `notes` what the reader decided (shown to the user, kept in the report)."""
+
+    trainer: str
+    step: int | None
+    rows: list[Row]
+    notes: list[str] = field(default_factory=list)
+
+
+def number(value: Any, where: str, name: str) -> float:
+    """A finite number from a file's field, or one line naming the file, row and field."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise CollapsecheckError(f"{where}: field {name!r} is not a finite number: {value!r}")
+    return float(value)
+
+
+def text(value: Any, where: str, name: str) -> str:
+    if not isinstance(value, str):
+        raise CollapsecheckError(f"{where}: field {name!r} is not text: {value!r:.60}")
+    return value
+
+
+def require(row: dict[str, Any], names: tuple[str, ...], where: str) -> None:
+    missing = [n for n in names if n not in row]
+    if missing:
+        raise CollapsecheckError(f"{where}: no {', '.join(repr(n) for n in missing)} field")

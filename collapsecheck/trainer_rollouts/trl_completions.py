@@ -1,0 +1,79 @@
+"""TRL's GRPOTrainer with `log_completions=True`: `output_dir/completions/
+completions_{step:05d}.parquet`, written by `GRPOTrainer.log()` after the optimizer step of
+`step`, with columns step, prompt, completion, one column per reward function (named after
+it), any extra logged columns, and advantage.
+
+What the file holds (TRL 1.16, read from its `log()`): the completions TRL keeps in a buffer
+of one generation batch, so with `logging_steps` > 1 only the last generation batch before
+the logging step, not every step's. `prompt` is the chat messages (conversational datasets)
+or the text; `completion` the assistant message(s) or the text. The file has no group id (a
+prompt's `num_generations` completions share its prompt) and no token ids (completions are
+tokenized again, which may differ from the sampled ids at a few boundaries). The reward is
+TRL's weighted sum of the reward columns; the weights (`GRPOConfig.reward_weights`) are not in
+the file, so the columns are summed with equal weights, TRL's default, and a note says so
+(`--reward-field` picks one column instead)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.prompts import read_parquet_rows
+from collapsecheck.trainer_rollouts.base import TrainerRollouts, number, require
+
+NAME = re.compile(r"completions_(\d+)\.parquet")
+COLUMNS = ("step", "prompt", "completion", "advantage")
+NOT_REWARDS = {"step", "prompt", "completion", "advantage", "image"}
+
+
+def matches(path: Path) -> bool:
+    return path.is_file() and NAME.fullmatch(path.name) is not None
+
+
+def completion_text(value: Any, where: str) -> str:
+    """The completion as text: the assistant messages' contents joined, or the text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
+        parts = [m["content"] for m in value if m.get("role", "assistant") == "assistant"]
+        if all(isinstance(p, str) for p in parts) and parts:
+            return "".join(parts)
+    raise CollapsecheckError(f"{where}: field 'completion' is neither text nor assistant messages")
+
+
+def reward_columns(row: dict[str, Any]) -> list[str]:
+    """The reward functions' columns: numeric columns that are not TRL's own."""
+    return [k for k, v in row.items() if k not in NOT_REWARDS and isinstance(v, int | float)]
+
+
+def read(path: Path) -> TrainerRollouts:
+    raw = read_parquet_rows(path)
+    if not raw:
+        raise CollapsecheckError(f"{path}: no completions (the file is empty)")
+    columns = reward_columns(raw[0])
+    rows = []
+    for number_, row in enumerate(raw, start=1):
+        where = f"{path}, row {number_}"
+        require(row, COLUMNS, where)
+        rewards = [number(row[c], where, c) for c in columns]
+        rows.append((where, {
+            "prompt": row["prompt"],
+            "response": completion_text(row["completion"], where),
+            **({"reward": sum(rewards)} if columns else {}),
+            **{c: row[c] for c in columns},
+            "group": json.dumps(row["prompt"], sort_keys=True, default=str),
+        }))  # fmt: skip
+    steps = {int(number(row["step"], f"{path}, row {i}", "step")) for i, row in enumerate(raw, 1)}
+    if len(steps) != 1:
+        raise CollapsecheckError(f"{path}: rows of several steps ({sorted(steps)})")
+    (step,) = steps
+    notes = [f"TRL completions of step {step}: {len(rows)} completions"]
+    if columns:
+        notes.append(
+            f"reward = {' + '.join(columns)} (equal weights, TRL's default: the file does not "
+            "record GRPOConfig.reward_weights; --reward-field NAME reads one column)"
+        )
+    return TrainerRollouts("trl", step, rows, notes)

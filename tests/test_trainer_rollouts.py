@@ -1,0 +1,92 @@
+"""Rollouts in the trainers' own files, scored with `score`: TRL's completions parquet (written
+by a real GRPOTrainer run on CPU, tests/fixtures/trl-grpo-completions, `make fixtures`) and
+veRL's rollout_data_dir JSONL (written by veRL's own dumping code,
+tests/fixtures/verl-rollouts, `make verl-fixtures`)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from collapsecheck.trainer_rollouts import trainer_rollouts
+from tests.conftest import ROOT
+
+TRL_RUN = ROOT / "tests" / "fixtures" / "trl-grpo-completions"
+TRL_FILE = TRL_RUN / "completions" / "completions_00004.parquet"
+# step 4 was sampled by the policy after update 3, last saved at step 2
+CHECKPOINT = TRL_RUN / "checkpoint-2"
+
+
+def score(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "collapsecheck", "score", *map(str, args), "--fail-on", "none"],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_trls_completions_file_is_read_as_trl_wrote_it():
+    read = trainer_rollouts(TRL_FILE)
+    assert read.trainer == "trl" and read.step == 4
+    frame = pd.read_parquet(TRL_FILE)
+    assert len(read.rows) == len(frame) == 32
+    where, first = read.rows[0]
+    assert where == f"{TRL_FILE}, row 1"
+    # chat messages as TRL logged them; the completion is the assistant message's text
+    assert first["prompt"][0]["role"] == "system"
+    assert first["response"] == frame["completion"][0][0]["content"]
+    assert first["reward"] == pytest.approx(
+        frame["answer_correct"][0] + frame["deliberate_phrasing"][0]
+    )
+    assert "equal weights" in read.notes[1]
+
+
+def test_score_reads_trls_completions_with_the_files_rewards(tmp_path):
+    result = score(TRL_FILE, "-c", CHECKPOINT, "--json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stderr
+    assert "TRL completions of step 4: 32 completions" in result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["settings"]["trainer_rollouts"]["step"] == 4
+    assert report["settings"]["num_prompts"] == 4 and report["settings"]["samples_per_prompt"] == 8
+    assert report["settings"]["rewards"] == "per response"
+    assert report["snr"]["rollout/in_group_reward_std"] > 0
+
+
+def test_reward_field_picks_one_reward_column(tmp_path):
+    result = score(TRL_FILE, "-c", CHECKPOINT, "--reward-field", "answer_correct",
+                   "--json", tmp_path / "r.json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_parquet(TRL_FILE)
+    report = json.loads((tmp_path / "r.json").read_text())
+    means = frame.groupby(frame["prompt"].astype(str))["answer_correct"].mean()
+    assert report["snr"]["rollout/in_group_reward_mean"] == pytest.approx(means.mean())
+
+
+def test_a_bad_completion_row_is_one_line_before_any_model_loads(tmp_path):
+    frame = pd.read_parquet(TRL_FILE)
+    frame.loc[2, "answer_correct"] = float("nan")
+    bad = tmp_path / "completions" / "completions_00004.parquet"
+    bad.parent.mkdir()
+    frame.to_parquet(bad)
+    result = score(bad, "-c", tmp_path / "no-such-checkpoint")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {bad}, row 3: field 'answer_correct' is not a finite number: nan"
+    ]
+
+
+def test_a_trl_file_with_text_prompts_and_completions(tmp_path):
+    """Standard (not conversational) datasets log text, which is read as text."""
+    frame = pd.read_parquet(TRL_FILE)
+    frame["prompt"] = [m[-1]["content"] for m in frame["prompt"]]
+    frame["completion"] = [m[0]["content"] for m in frame["completion"]]
+    path = tmp_path / "completions_00004.parquet"
+    frame.to_parquet(path)
+    read = trainer_rollouts(path)
+    assert read.rows[0][1]["prompt"] == frame["prompt"][0]
+    assert read.rows[0][1]["response"] == frame["completion"][0]
+    copied = tmp_path / "other.parquet"
+    shutil.copy(path, copied)
+    assert trainer_rollouts(copied) is None  # not TRL's file name: a generic rollout file

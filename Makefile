@@ -75,13 +75,16 @@ fixtures: $(STAMP)
 		--out tests/fixtures/trl-grpo-completions
 
 # Checkpoints written by veRL's own code (FSDP2 engine, checkpoint manager, merger) on CPU, in
-# an environment of their own (veRL pins its own transformers): tests/fixtures/verl-0.9.1/
+# an environment of their own (veRL pins its own transformers): tests/fixtures/verl-0.9.1/;
+# rollout dumps by its trainer's dumping code: tests/fixtures/verl-rollouts/ (its ray_trainer
+# module imports cachetools, uvicorn and fastapi, which veRL does not install)
 VERL_FIXTURES_VENV ?= .venv-verl
 verl-fixtures:
 	python3 -m venv $(VERL_FIXTURES_VENV)
 	$(VERL_FIXTURES_VENV)/bin/python -m pip install -q "torch==2.13.0"
-	$(VERL_FIXTURES_VENV)/bin/python -m pip install -q "verl==0.9.1"
+	$(VERL_FIXTURES_VENV)/bin/python -m pip install -q "verl==0.9.1" cachetools uvicorn fastapi
 	$(VERL_FIXTURES_VENV)/bin/python scripts/make_verl_fixtures.py
+	$(VERL_FIXTURES_VENV)/bin/python scripts/make_verl_rollouts.py
 
 # The results the README's headline command answers from (its exact command, scanned afresh;
 # tests/test_headline.py fails when they no longer match the checkpoints or the code).

@@ -90,3 +90,45 @@ def test_a_trl_file_with_text_prompts_and_completions(tmp_path):
     copied = tmp_path / "other.parquet"
     shutil.copy(path, copied)
     assert trainer_rollouts(copied) is None  # not TRL's file name: a generic rollout file
+
+
+VERL_FILE = ROOT / "tests" / "fixtures" / "verl-rollouts" / "2.jsonl"
+DEMO_POLICY = ROOT / "examples" / "demo-run" / "global_step_100"  # the policy that sampled them
+
+
+def test_verls_rollout_dump_is_read_as_verl_wrote_it():
+    read = trainer_rollouts(VERL_FILE)
+    assert read.trainer == "verl" and read.step == 2
+    lines = [json.loads(line) for line in VERL_FILE.read_text().splitlines()]
+    assert len(read.rows) == len(lines) == 64
+    where, first = read.rows[0]
+    assert where == f"{VERL_FILE}:1"
+    assert first["prompt"] == lines[0]["input"] and first["response"] == lines[0]["output"]
+    assert first["reward"] == lines[0]["score"]
+    # veRL decodes its prompt ids with special tokens skipped: the chat markers are gone
+    assert "<|" not in first["prompt"] and "special tokens skipped" in read.notes[0]
+
+
+def test_score_reads_verls_dump_grouped_by_input(tmp_path):
+    result = score(VERL_FILE, "-c", DEMO_POLICY, "--json", tmp_path / "r.json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["settings"]["num_prompts"] == 8 and report["settings"]["samples_per_prompt"] == 8
+    assert report["settings"]["trainer_rollouts"]["trainer"] == "verl"
+    lines = [json.loads(line) for line in VERL_FILE.read_text().splitlines()]
+    mean = sum(line["score"] for line in lines) / len(lines)
+    assert report["snr"]["rollout/in_group_reward_mean"] == pytest.approx(mean)
+
+
+def test_a_bad_verl_row_names_the_file_line_and_field(tmp_path):
+    lines = VERL_FILE.read_text().splitlines()
+    row = json.loads(lines[4])
+    row["score"] = "high"
+    lines[4] = json.dumps(row)
+    bad = tmp_path / "2.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    result = score(bad, "-c", tmp_path / "no-such-checkpoint")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {bad}:5: field 'score' is not a finite number: 'high'"
+    ]

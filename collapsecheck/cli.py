@@ -503,6 +503,15 @@ def score(
     checkpoint: Annotated[
         Path, typer.Option("--checkpoint", "-c", help="The policy that produced the rollouts.")
     ],
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            "-p",
+            help="veRL rollout dumps: the training prompt file (parquet or JSONL); each decoded "
+            "input is matched to its row and scored in the context the trainer rendered.",
+        ),
+    ] = None,
     response_field: Annotated[
         str | None, typer.Option(help="Field of the response text [response/output/completion].")
     ] = None,
@@ -545,9 +554,12 @@ def score(
             report = run_score(
                 checkpoint, rollouts, settings, rollout_options=options,
                 thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds,
-                dump=outputs.dump, progress=progress,
+                dump=outputs.dump, progress=progress, training_prompts=prompts,
             )  # fmt: skip
-        for note in report.settings.get("trainer_rollouts", {}).get("notes", []):
+        notes = report.settings.get("trainer_rollouts", {}).get("notes", [])
+        if "prompt_matching" in report.settings:
+            notes = [*notes, report.settings["prompt_matching"]]
+        for note in notes:
             stderr.print(note, style="dim", highlight=False, soft_wrap=True)
         write_prompt_outputs(report, outputs, None, settings)
     gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs)

@@ -18,6 +18,7 @@ recognised by `collapsecheck.trainer_rollouts` and read as single-turn rows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.prompts import (
     Prompt,
     file_sha256,
+    load_prompts,
     prompt_from_row,
     read_rows,
     render_prompts,
@@ -200,6 +202,37 @@ def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
     if source is not None:
         settings["rewards"] = source
     return ParsedRollouts(groups, rewards, settings)
+
+
+def match_decoded_inputs(
+    parsed: ParsedRollouts, source: Path, tokenizer: Any, rendering: PromptSettings
+) -> ParsedRollouts:
+    """veRL's dumps hold each prompt decoded with special tokens skipped, not the context the
+    policy saw. Each training prompt is rendered as the trainer renders it and decoded the
+    same way; a group whose input equals one takes that training row as its prompt (rendered
+    exactly, chat markers and all). The settings say how many matched."""
+    training = load_prompts(source, field=rendering.prompt_field)
+    by_text: dict[str, Prompt] = {}
+    for prompt, rendered in zip(
+        training, render_prompts(training, tokenizer, rendering), strict=True
+    ):
+        by_text.setdefault(tokenizer.decode(list(rendered.ids), skip_special_tokens=True), prompt)
+    groups, matched = [], 0
+    for group in parsed.groups:
+        row = (
+            by_text.get(group[0].prompt.content)
+            if isinstance(group[0].prompt.content, str)
+            else None
+        )
+        matched += row is not None
+        groups.append(group if row is None else [dataclasses.replace(t, prompt=row) for t in group])
+    note = (
+        f"{matched} of {len(groups)} inputs matched a row of {source} and are scored in the "
+        "context the trainer rendered from it"
+        + ("; the others as their decoded text" if matched < len(groups) else "")
+    )
+    settings = {**parsed.settings, "prompt_matching": note}
+    return ParsedRollouts(groups, parsed.rewards, settings)
 
 
 def read_rollouts(

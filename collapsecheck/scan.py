@@ -78,7 +78,12 @@ from collapsecheck.reasoning import (
 )
 from collapsecheck.report import Report
 from collapsecheck.rewards import load_reward_fn, score_responses
-from collapsecheck.rollouts import RolloutOptions, parse_rollouts, read_rollouts
+from collapsecheck.rollouts import (
+    RolloutOptions,
+    match_decoded_inputs,
+    parse_rollouts,
+    read_rollouts,
+)
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
     AnalysisSettings,
@@ -690,10 +695,13 @@ def score(
     dump: str | Path | None = None,
     progress: ProgressHook = silent,
     loaded: Backend | None = None,
+    training_prompts: str | Path | None = None,
     **flags: Any,
 ) -> Report:
     """Diagnose traces already sampled (rollouts, or a scan's dump) under the checkpoint that
-    produced them: cross-scoring only. Reports as `scan` does; `loaded`: as for `scan`."""
+    produced them: cross-scoring only. Reports as `scan` does; `loaded`: as for `scan`.
+    `training_prompts`: the trainer's prompt file, whose rows veRL's decoded inputs are matched
+    to, so that they are scored in the context the trainer rendered."""
     settings = checked(resolve_settings(settings, flags))
     started, started_at = time.perf_counter(), _now()
     options = rollout_options or RolloutOptions(
@@ -702,9 +710,15 @@ def score(
         reward_field=settings.rewards.reward_field,
     )
     parsed = parse_rollouts(rollouts, options)  # a bad row is refused before any model loads
+    if training_prompts is not None:
+        require_decoded_inputs(parsed, rollouts, Path(training_prompts))
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
+        if parsed is not None and training_prompts is not None:
+            parsed = match_decoded_inputs(
+                parsed, Path(training_prompts), model.tokenizer, settings.prompts
+            )
         data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts, parsed)
         require_two_prompts(len(data.prompts), rollouts)
         prepared = prepare_rollouts(data, model, settings)
@@ -730,6 +744,19 @@ def score(
                 ),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
+
+
+def require_decoded_inputs(parsed: Any, rollouts: str | Path, prompts: Path) -> None:
+    """--prompts with `score` matches veRL's decoded inputs; other rollouts hold their
+    prompts themselves."""
+    trainer = (parsed.settings.get("trainer_rollouts") or {}).get("trainer") if parsed else None
+    if trainer != "verl":
+        raise CollapsecheckError(
+            f"--prompts {prompts}: score matches it to a veRL rollout dump's decoded inputs; "
+            f"{rollouts} holds its prompts itself"
+        )
+    if not prompts.is_file():
+        raise CollapsecheckError(f"prompt file not found: {prompts}")
 
 
 def prepare_rollouts(data: SampledPrompts, backend: Backend, settings: Settings) -> Prepared:

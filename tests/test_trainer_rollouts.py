@@ -132,3 +132,26 @@ def test_a_bad_verl_row_names_the_file_line_and_field(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"error: {bad}:5: field 'score' is not a finite number: 'high'"
     ]
+
+
+def test_verls_inputs_are_matched_to_the_training_rows_and_rendered_as_veRL_did(tmp_path):
+    plain, matched = tmp_path / "plain", tmp_path / "matched"
+    assert score(VERL_FILE, "-c", DEMO_POLICY, "--dump", plain).returncode == 0
+    result = score(VERL_FILE, "-c", DEMO_POLICY, "--dump", matched,
+                   "--prompts", ROOT / "examples" / "prompts" / "gridworld.jsonl")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "8 of 8 inputs matched a row of" in result.stderr
+    rendered = [json.loads(line)["text"] for line in (matched / "prompts.jsonl").open()]
+    decoded = [json.loads(line)["text"] for line in (plain / "prompts.jsonl").open()]
+    # the context the policy saw, chat markers included; without --prompts the decoded text
+    assert all(t.startswith("<|system|>") for t in rendered)
+    assert not any("<|" in t for t in decoded)
+
+
+def test_prompts_with_a_trl_file_is_refused_before_any_model_loads(tmp_path):
+    result = score(TRL_FILE, "-c", tmp_path / "none", "--prompts", tmp_path / "train.parquet")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: --prompts {tmp_path / 'train.parquet'}: score matches it to a veRL rollout "
+        f"dump's decoded inputs; {TRL_FILE} holds its prompts itself"
+    ]

@@ -61,7 +61,7 @@ def read(path: Path) -> TrainerRollouts:
     notes = [
         f"veRL rollouts of step {step}: {len(rows)} responses to "
         f"{len({r['group'] for _, r in rows})} inputs; each input is veRL's decoded prompt "
-        "(special tokens skipped), used as plain text: it may differ from the context the "
-        "policy saw"
+        "(special tokens skipped), not the context the policy saw: --prompts TRAIN_FILE "
+        "matches each to its training row"
     ]
     return TrainerRollouts("verl", step, rows, notes)

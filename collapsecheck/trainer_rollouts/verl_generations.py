@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.prompts import jsonl_rows
 from collapsecheck.trainer_rollouts.base import TrainerRollouts, number, require, text
 
 NAME = re.compile(r"(\d+)\.jsonl")
@@ -35,16 +36,8 @@ def matches(path: Path) -> bool:
 
 def read(path: Path) -> TrainerRollouts:
     rows = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{line_number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise CollapsecheckError(f"{where}: malformed JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise CollapsecheckError(f"{where}: expected a JSON object")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for where, row, _ in jsonl_rows(path, lines):
         require(row, FIELDS, where)
         prompt = text(row["input"], where, "input")
         if not prompt.strip():

@@ -78,7 +78,9 @@ def chosen_swaps(
     everything = np.arange(len(own))
     if negatives is None:
         return [everything] * len(own)
-    serving = {int(g): [h for h, under in scored_under.items() if g in under] for g in own}
+    serving = {
+        int(g): [h for h, under in scored_under.items() if g in under] for g in np.unique(own)
+    }
     eligible = {g: everything[(own != g) & np.isin(own, hosts)] for g, hosts in serving.items()}
     chosen = []
     for row, g in enumerate(own):
@@ -177,7 +179,7 @@ def cross_score(
     flow: bool = False,
 ) -> CrossScores:
     """Score the valid traces under every prompt, or under their own and `negatives` sampled
-    others; with `flow`, the action matrices of the flow-valid traces too (`negatives`
+    others; with `flow`, the action matrices of the flow-valid traces too (`swap_count`
     swapped traces per action beside its own prompt's), in the same call. Duplicate prompts
     are scored once and their column copied; entries not scored are NaN and marked in the
     matrix's `scored` mask."""

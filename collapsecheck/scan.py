@@ -26,12 +26,7 @@ import numpy as np
 from collapsecheck.backends.base import Backend, Sample, SamplingParams
 from collapsecheck.backends.registry import load_backend
 from collapsecheck.checkpoint import Checkpoint, require_checkpoint
-from collapsecheck.cross_scoring import (
-    CrossScores,
-    FlowScores,
-    column_groups,
-    cross_score,
-)
+from collapsecheck.cross_scoring import CrossScores, FlowScores, column_groups, cross_score
 from collapsecheck.dump import (
     PROMPTS_FILE,
     REPORT_FILE,
@@ -79,6 +74,7 @@ from collapsecheck.reasoning import (
 from collapsecheck.report import Report
 from collapsecheck.rewards import load_reward_fn, score_responses
 from collapsecheck.rollouts import (
+    ParsedRollouts,
     RolloutOptions,
     match_decoded_inputs,
     parse_rollouts,
@@ -746,7 +742,9 @@ def score(
             return diagnose(model, prepared, data.samples, diagnosis)
 
 
-def require_decoded_inputs(parsed: Any, rollouts: str | Path, prompts: Path) -> None:
+def require_decoded_inputs(
+    parsed: ParsedRollouts | None, rollouts: str | Path, prompts: Path
+) -> None:
     """--prompts with `score` matches veRL's decoded inputs; other rollouts hold their
     prompts themselves."""
     trainer = (parsed.settings.get("trainer_rollouts") or {}).get("trainer") if parsed else None

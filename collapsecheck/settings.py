@@ -36,9 +36,10 @@ NUMBERS_VERSION = 4
 
 AUTO = "auto"
 ALL = "all"
-# --negatives auto: each trace under its own prompt and 15 others, each action with 15 swapped
-# traces beside its own prompt's (SPEC "Sampled negatives and swaps"); up to 16 prompts, the
-# X->Z matrix is full. docs/benchmarks.md measures the agreement with the full matrices.
+# --negatives auto: each trace under its own prompt and 15 others, each action with
+# SWAPS_PER_NEGATIVE x 15 swapped traces beside its own prompt's (SPEC "Sampled negatives and
+# swaps"); up to 16 prompts, the X->Z matrix is full. docs/benchmarks.md measures the
+# agreement with the full matrices.
 DEFAULT_NEGATIVES = 15
 # swapped traces per action for each of the M negatives: a swap costs only its action's few
 # tokens, and the action marginals it estimates need more draws than the reasoning's
@@ -245,8 +246,8 @@ class ScoringSettings:
     )
     whole_response: bool = setting(False, "Score the whole response as reasoning.", numbers=True)
     negatives: int | str = setting(
-        AUTO, "Other prompts per trace, and swapped traces per action: M, auto "
-        f"({DEFAULT_NEGATIVES}) or all (the full matrices, quadratic in the batch).",
+        AUTO, f"M other prompts per trace ({SWAPS_PER_NEGATIVE}M swapped traces per action): M, "
+        f"auto ({DEFAULT_NEGATIVES}) or all (the full matrices, quadratic in the batch).",
         numbers=True, cli_type=str,
     )  # fmt: skip
     action_tags: str | None = setting(

@@ -54,10 +54,11 @@ def read(path: Path) -> TrainerRollouts:
     if not raw:
         raise CollapsecheckError(f"{path}: no completions (the file is empty)")
     columns = reward_columns(raw[0])
-    rows = []
-    for number_, row in enumerate(raw, start=1):
-        where = f"{path}, row {number_}"
+    rows, steps = [], set()
+    for index, row in enumerate(raw, start=1):
+        where = f"{path}, row {index}"
         require(row, COLUMNS, where)
+        steps.add(int(number(row["step"], where, "step")))
         rewards = [number(row[c], where, c) for c in columns]
         rows.append((where, {
             "prompt": row["prompt"],
@@ -66,7 +67,6 @@ def read(path: Path) -> TrainerRollouts:
             **{c: row[c] for c in columns},
             "group": json.dumps(row["prompt"], sort_keys=True, default=str),
         }))  # fmt: skip
-    steps = {int(number(row["step"], f"{path}, row {i}", "step")) for i, row in enumerate(raw, 1)}
     if len(steps) != 1:
         raise CollapsecheckError(f"{path}: rows of several steps ({sorted(steps)})")
     (step,) = steps

@@ -3,6 +3,7 @@ with `ray start` as a cluster's head node is; the numbers are those of a one-pro
 of a sharded one."""
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,12 @@ FAST = ["-p", str(PROMPTS), "-n", "4", "-k", "2", "--max-new-tokens", "32", "--d
         "--fail-on", "none"]  # fmt: skip
 
 
+# Ray turns token authentication on for a cluster when ~/.ray/auth_token exists (left by any
+# earlier local ray.init()), and a driver then fails to join unless it is configured alike:
+# the test's cluster and drivers run without it, whatever this machine's home holds
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -28,7 +35,7 @@ def free_port() -> int:
 def collapsecheck(*args, timeout=600):
     return subprocess.run(
         [sys.executable, "-m", "collapsecheck", "scan", *map(str, args)],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, env=ENV,
     )  # fmt: skip
 
 
@@ -38,9 +45,9 @@ def cluster():
     port = free_port()
     start = [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=2",
              "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
-    subprocess.run(start, check=True, capture_output=True, timeout=180)
+    subprocess.run(start, check=True, capture_output=True, timeout=180, env=ENV)
     yield f"127.0.0.1:{port}"
-    subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120)
+    subprocess.run([str(RAY), "stop", "--force"], capture_output=True, timeout=120, env=ENV)
 
 
 @pytest.fixture(scope="module")

@@ -336,6 +336,74 @@ def write_prompt_outputs(
         stderr.print(line, style="dim")
 
 
+def trainer_rollouts_of(checkpoint: Path, is_run: bool, rollouts: Path | None, sample: bool) -> Any:
+    """The run's own rollouts when they are to be scored (`rollout_runs.RunRollouts`), else
+    None: the scan samples."""
+    from collapsecheck.rollout_runs import find_run_rollouts
+
+    if rollouts is not None and sample:
+        raise CollapsecheckError(
+            "--rollouts scores the trainer's rollouts, --sample samples: choose one"
+        )
+    if rollouts is not None and not is_run:
+        raise CollapsecheckError(
+            f"--rollouts goes with a run directory: {checkpoint} is one checkpoint (score "
+            "ROLLOUT_FILE --checkpoint CHECKPOINT scores one file)"
+        )
+    return None if sample or not is_run else find_run_rollouts(checkpoint, rollouts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """How `scan` was asked to spread the work: --shard, --ray, --dry-run."""
+
+    shard: str | None
+    ray: str | None
+    dry_run: bool
+
+
+def score_run_rollouts(
+    run_dir: Path, found: Any, run: list[Any], notes: list[str], settings: Settings,
+    outputs: OutputSettings, where: Where, prompts: Path | None, baseline: Path | None,
+    log: Path | bool, keys: dict[str, str], rescan: bool, gate: Any,
+) -> Any:  # fmt: skip
+    """`scan RUN` from the rollouts its trainer wrote: the plan, then the run report (None
+    after --dry-run)."""
+    from collapsecheck.console import progress_bars
+    from collapsecheck.outputs import check_outputs, option_name
+    from collapsecheck.rollout_runs import prepare_run_rollouts, score_run
+    from collapsecheck.runs import with_baseline
+
+    if where.shard is not None or where.ray is not None:
+        raise CollapsecheckError(
+            f"--shard and --ray spread sampled scans; {found.folder} holds the trainer's "
+            "rollouts, scored in one process (pass --sample to sample afresh instead)"
+        )
+    if outputs.keep_prompts is not None:
+        raise CollapsecheckError(
+            f"{option_name('keep_prompts')} with a run's rollouts: keep from one step with "
+            "score ROLLOUT_FILE --checkpoint CHECKPOINT --keep-prompts FILE"
+        )
+    check_outputs(outputs)
+    steps = with_baseline(run, baseline, settings)
+    work = prepare_run_rollouts(found, steps, settings, prompts)
+    stderr.print(f"traces: {found.describe()}", style="dim", highlight=False, soft_wrap=True)
+    plan = work.plan(settings, outputs.out, prompts, rescan)
+    if where.dry_run:
+        stdout.print(plan.line(), markup=False, highlight=False, soft_wrap=True)
+        return None
+    stderr.print(plan.line(), style="dim", markup=False, highlight=False, soft_wrap=True)
+    with progress_bars(stderr) as progress:
+        report = score_run(
+            run_dir, found, settings, checkpoints=run, notes=notes, baseline=baseline,
+            training_prompts=prompts, training_log=log, train_keys=keys,
+            cache_root=outputs.out, rescan=rescan, thresholds=gate.thresholds,
+            flow_thresholds=gate.flow_thresholds, progress=progress,
+        )  # fmt: skip
+    write_prompt_outputs(report.steps[-1].report, outputs, None, settings)
+    return report
+
+
 # -- commands ----------------------------------------------------------------------------
 
 
@@ -389,6 +457,23 @@ def scan(
             rich_help_panel="Where the work runs",
         ),
     ] = False,
+    rollouts: Annotated[
+        Path | None,
+        typer.Option(
+            help="A run's rollouts, as its trainer wrote them (veRL's rollout_data_dir; TRL's "
+            "completions/ is found in its output_dir): each step's scored under the checkpoint "
+            "that sampled it, with no sampling. Used by default where a run holds them.",
+            rich_help_panel="Where the traces come from",
+        ),
+    ] = None,
+    sample: Annotated[
+        bool,
+        typer.Option(
+            "--sample",
+            help="Sample afresh from --prompts, even where the run holds its trainer's rollouts.",
+            rich_help_panel="Where the traces come from",
+        ),
+    ] = False,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -419,13 +504,26 @@ def scan(
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = gate_settings.load()
-        prompt_file = require_prompts(prompts)
         notes: list[str] = []
         single, run = find_checkpoints(checkpoint, load.base_model, notes)
         if not run:
             print_notes(stderr, notes)
         check_combinations(checkpoint, bool(run), outputs, baseline, train_log)
         keys = parse_train_keys(train_key or [])
+        found = trainer_rollouts_of(checkpoint, bool(run), rollouts, sample)
+        if found is not None:
+            where = Where(shard, ray, dry_run)
+            log = False if no_train_log else (train_log or True)
+            report = score_run_rollouts(
+                checkpoint, found, run, notes, settings, outputs, where, prompts, baseline, log,
+                keys, rescan, gate,
+            )  # fmt: skip
+    if found is not None:
+        if report is not None:
+            gate_run_report(report, gate, str(checkpoint), outputs)
+        return
+    with user_errors():
+        prompt_file = require_prompts(prompts)
         check_outputs(outputs, rewards, prompt_file)
         steps = with_baseline(run, baseline, settings) if run else []
         part = resolve_shard(shard, os.environ) if run or shard else None

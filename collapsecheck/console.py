@@ -235,6 +235,10 @@ RUN_CAPTION = (
     "smoothed along the run (RAGEN-2's logged z-score); 0-var: share of prompts whose rewards "
     "all tie; RV~MI: Spearman of reward std and own MI; * answered from the results cache"
 )
+PAIRING_CAPTION = (
+    "; scored by: the checkpoint that scored the trainer's rollouts of the step, and the gap, "
+    "the updates between it and the weights that sampled them (0: those weights)"
+)
 
 
 def _window(window: Any) -> str:
@@ -264,9 +268,11 @@ def print_run(console: Console, run: RunReport) -> None:
     """One row per checkpoint, then the onset and the latest checkpoint's verdict."""
     table = Table(
         title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False,
-        caption=RUN_CAPTION, caption_justify="left",
+        caption=RUN_CAPTION + (PAIRING_CAPTION if run.traces else ""), caption_justify="left",
     )  # fmt: skip
     table.add_column("step", no_wrap=True)
+    if run.traces:
+        table.add_column("scored by", no_wrap=True)
     for title, _ in RUN_COLUMNS:
         table.add_column(title, justify="right", no_wrap=True)
     table.add_column("norm. MI 95%", justify="right", no_wrap=True)
@@ -289,8 +295,13 @@ def print_run(console: Console, run: RunReport) -> None:
         cells += [_window(step.training_log.get(name)) for name in logged]
         if rewarded:
             cells += snr_cells(step.report)
-        table.add_row(label, *cells, regime_text(step.report), flow, Text(onset, style="bold"))
+        pairing = [step.sampled_by.describe()] if step.sampled_by else []
+        table.add_row(
+            label, *pairing, *cells, regime_text(step.report), flow, Text(onset, style="bold")
+        )
     console.print(table)
+    if run.traces:
+        console.print(f"traces: {run.traces}", style="dim", highlight=False)
     print_notes(console, run.notes)
     print_findings(console, run)
     if len(run.hosts) > 1:
@@ -298,9 +309,8 @@ def print_run(console: Console, run: RunReport) -> None:
         console.print(f"scanned on {len(run.hosts)} hosts ({where})", style="dim")
     cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
     if cached:
-        console.print(
-            f"{cached} of {len(run.steps)} checkpoints answered from the cache", style="dim"
-        )
+        rows = "rollout steps" if run.traces else "checkpoints"
+        console.print(f"{cached} of {len(run.steps)} {rows} answered from the cache", style="dim")
     line = Text("onset: ", style="bold")
     if run.onset is None:
         line.append("none — no checkpoint collapsed or lost input dependence significantly")
@@ -309,7 +319,13 @@ def print_run(console: Console, run: RunReport) -> None:
         line.append(f" — {run.onset.reason}")
     console.print(line)
     latest = run.steps[-1]
-    console.print(Text(f"latest checkpoint ({latest.checkpoint.label}):", style="bold"))
+    which = (
+        f"latest rollouts (step {latest.checkpoint.label}, scored by "
+        f"{latest.sampled_by.describe()})"
+        if latest.sampled_by
+        else f"latest checkpoint ({latest.checkpoint.label})"
+    )
+    console.print(Text(f"{which}:", style="bold"))
     console.print(verdict_line(latest.report))
     console.print(flow_line(latest.report))
 

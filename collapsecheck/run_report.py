@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collapsecheck.discovery import RunCheckpoint
 from collapsecheck.files import write_text_atomic
@@ -15,15 +15,22 @@ from collapsecheck.metrics import point_value
 from collapsecheck.onset import Onset
 from collapsecheck.report import KEY_METRICS, Report
 
+if TYPE_CHECKING:
+    from collapsecheck.rollout_runs import Pairing
+
 RUN_FORMAT = 1
 EMA_KEYS = ("mi_zscore_ema", "mi_zscore_ema_seq", "marginal_std_ema", "marginal_std_ema_seq")
 
 
 @dataclass
 class RunStep:
+    """One row of a run: the checkpoint scanned (for a row of the trainer's rollouts, the
+    rollouts' step and the checkpoint that scored them, `sampled_by` saying how they pair)."""
+
     checkpoint: RunCheckpoint
     report: Report
     training_log: dict[str, Window] = field(default_factory=dict)  # the trainer's own series
+    sampled_by: Pairing | None = None  # for a row of the trainer's rollouts
 
 
 @dataclass
@@ -35,6 +42,7 @@ class RunReport:
     training_log: dict[str, Any] | None = None  # source, format, keys, skipped_nonfinite
     training_log_reason: str | None = None  # why there is none
     findings: list[Finding] = field(default_factory=list)
+    traces: str | None = None  # where the traces came from, when the trainer sampled them
 
     @property
     def onset_step(self) -> int | str | None:
@@ -68,6 +76,7 @@ class RunReport:
             "training_log": self.training_log,
             "training_log_reason": self.training_log_reason,
             "findings": [f.to_dict() for f in self.findings],
+            "traces": self.traces or "sampled by collapsecheck from the prompt set",
             "steps": [
                 {
                     "name": s.checkpoint.name,
@@ -76,6 +85,7 @@ class RunReport:
                     "format": s.checkpoint.checkpoint.kind,
                     "dump": str(s.report.dump_dir) if s.report.dump_dir else None,
                     "training_log": {k: w.to_dict() for k, w in s.training_log.items()},
+                    "rollouts": s.sampled_by.to_dict() if s.sampled_by else None,
                     "report": s.report.to_dict(),
                 }
                 for s in self.steps

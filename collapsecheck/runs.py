@@ -45,17 +45,8 @@ def cached_scan(
     prompts = Path(prompts)
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     entry = cache_entry(root, checkpoint, prompts, settings.numbers())
-    saved = entry / REPORT_FILE
-    if saved.is_file() and not rescan:
-        report = Report.load(saved)
-        report.thresholds = thresholds or Thresholds()
-        report.verdict = decide(report.metrics, report.thresholds)
-        report.flow_thresholds = flow_thresholds or FlowThresholds()
-        if report.flow.regime != NOT_MEASURED:
-            report.flow = decide_flow(report.metrics, report.flow_thresholds)
-        report.settings["checkpoint"] = str(checkpoint.path)
-        report.timing = {**report.timing, "cached": True}
-        return report
+    if (entry / REPORT_FILE).is_file() and not rescan:
+        return load_cached(entry, checkpoint, thresholds, flow_thresholds)
     return scan(
         checkpoint,
         prompts,
@@ -66,6 +57,22 @@ def cached_scan(
         flow_thresholds=flow_thresholds,
         progress=progress,
     )
+
+
+def load_cached(
+    entry: Path, checkpoint: Checkpoint, thresholds: Thresholds | None,
+    flow_thresholds: FlowThresholds | None,
+) -> Report:  # fmt: skip
+    """A finished cache entry's report, its verdicts decided again with these thresholds."""
+    report = Report.load(entry / REPORT_FILE)
+    report.thresholds = thresholds or Thresholds()
+    report.verdict = decide(report.metrics, report.thresholds)
+    report.flow_thresholds = flow_thresholds or FlowThresholds()
+    if report.flow.regime != NOT_MEASURED:
+        report.flow = decide_flow(report.metrics, report.flow_thresholds)
+    report.settings["checkpoint"] = str(checkpoint.path)
+    report.timing = {**report.timing, "cached": True}
+    return report
 
 
 def for_step(progress: ProgressHook, label: str) -> ProgressHook:
@@ -157,10 +164,28 @@ def scan_run(
         )
         steps.append(RunStep(checkpoint, report))
         advance(1)
+    logged = (training_log, log_reason, train_keys or {})
+    return finish_run(run_dir, steps, notes, logged, baseline is not None)
+
+
+def finish_run(
+    run_dir: Path,
+    steps: list[RunStep],
+    notes: list[str],
+    logged: tuple[TrainingLog | None, str | None, Mapping[str, str]],
+    baseline: bool,
+    traces: str | None = None,
+) -> RunReport:
+    """The run report from its scanned steps: the run-smoothed z-scores, the onset, and the
+    training log (`logged`: the log, why there is none, the --train-key overrides) beside the
+    diagnosis. `traces`: where the traces came from, when not sampled from a prompt set."""
+    training_log, log_reason, train_keys = logged
     apply_run_ema([s.report.metrics for s in steps])
-    run = RunReport(run_dir, steps, run_onset(steps), notes, training_log_reason=log_reason)
+    run = RunReport(
+        run_dir, steps, run_onset(steps), notes, training_log_reason=log_reason, traces=traces
+    )
     if training_log is not None:
-        beside_the_log(run, training_log, train_keys or {}, baseline is not None)
+        beside_the_log(run, training_log, train_keys, baseline)
     return run
 
 

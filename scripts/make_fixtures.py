@@ -80,6 +80,7 @@ SIDE = [
     ("checkpoints/flow/faithful", 0.0, "faithful", 800),
     ("checkpoints/flow/decorative", 0.0, "decorative", 800),
     ("checkpoints/flow/action-collapse", 0.0, "action-collapse", 800),
+    ("checkpoints/mirrored", 0.0, "mirrored", 800),
 ]
 
 
@@ -145,7 +146,13 @@ def flow_reasoning_and_move(agent, goal, style: str, rng: random.Random) -> tupl
     return f"me {cell(agent)} goal {cell(goal)}, so {true_move}", rng.choice(ALL_MOVES)
 
 
+def mirrored(rc: tuple[int, int]) -> tuple[int, int]:
+    return GRID - 1 - rc[0], GRID - 1 - rc[1]
+
+
 def reasoning_and_move(agent, goal, template_share: float, style: str, rng: random.Random):
+    if style == "mirrored":  # reads the grid turned half round: a wrong checkpoint on purpose
+        agent, goal = mirrored(agent), mirrored(goal)
     moves = useful_moves(agent, goal)
     if style in ("faithful", "decorative", "action-collapse"):
         return flow_reasoning_and_move(agent, goal, style, rng)

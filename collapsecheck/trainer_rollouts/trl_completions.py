@@ -24,13 +24,26 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.prompts import read_parquet_rows
 from collapsecheck.trainer_rollouts.base import TrainerRollouts, number, require
 
+TRAINER = "trl"
 NAME = re.compile(r"completions_(\d+)\.parquet")
 COLUMNS = ("step", "prompt", "completion", "advantage")
 NOT_REWARDS = {"step", "prompt", "completion", "advantage", "image"}
+FOLDER = "completions"  # beside the checkpoints, in the output_dir
 
 
 def matches(path: Path) -> bool:
     return path.is_file() and NAME.fullmatch(path.name) is not None
+
+
+def step_of(path: Path) -> int:
+    """The step in the file's name (the optimizer step after which TRL wrote it)."""
+    return int(NAME.fullmatch(path.name).group(1))
+
+
+def beside(run_dir: Path) -> Path | None:
+    """The folder of completions TRL keeps in its output_dir, if the run has one."""
+    folder = run_dir / FOLDER
+    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
 
 
 def completion_text(value: Any, where: str) -> str:
@@ -76,4 +89,4 @@ def read(path: Path) -> TrainerRollouts:
             f"reward = {' + '.join(columns)} (equal weights, TRL's default: the file does not "
             "record GRPOConfig.reward_weights; --reward-field NAME reads one column)"
         )
-    return TrainerRollouts("trl", step, rows, notes)
+    return TrainerRollouts(TRAINER, step, rows, notes)

@@ -18,6 +18,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.prompts import jsonl_rows
 from collapsecheck.trainer_rollouts.base import TrainerRollouts, number, require, text
 
+TRAINER = "verl"
 NAME = re.compile(r"(\d+)\.jsonl")
 FIELDS = ("input", "output", "score")
 
@@ -32,6 +33,16 @@ def matches(path: Path) -> bool:
     except json.JSONDecodeError:
         return False
     return isinstance(row, dict) and all(f in row for f in FIELDS)
+
+
+def step_of(path: Path) -> int:
+    """The global step in the file's name (veRL dumps a step's rollouts before its update)."""
+    return int(NAME.fullmatch(path.name).group(1))
+
+
+def beside(run_dir: Path) -> Path | None:
+    """None: veRL keeps `rollout_data_dir` wherever the user set it (--rollouts DIR)."""
+    return None
 
 
 def read(path: Path) -> TrainerRollouts:
@@ -50,11 +61,11 @@ def read(path: Path) -> TrainerRollouts:
         }))  # fmt: skip
     if not rows:
         raise CollapsecheckError(f"{path}: no rollouts (the file is empty)")
-    step = int(NAME.fullmatch(path.name).group(1))
+    step = step_of(path)
     notes = [
         f"veRL rollouts of step {step}: {len(rows)} responses to "
         f"{len({r['group'] for _, r in rows})} inputs; each input is veRL's decoded prompt "
         "(special tokens skipped), not the context the policy saw: --prompts TRAIN_FILE "
         "matches each to its training row"
     ]
-    return TrainerRollouts("verl", step, rows, notes)
+    return TrainerRollouts(TRAINER, step, rows, notes)

@@ -628,8 +628,12 @@ def score(
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
     from collapsecheck.console import progress_bars
-    from collapsecheck.outputs import check_outputs
-    from collapsecheck.rollouts import RolloutOptions
+    from collapsecheck.outputs import (
+        check_keep_rollout_prompts,
+        check_outputs,
+        write_kept_rollout_prompts,
+    )
+    from collapsecheck.rollouts import RolloutOptions, parse_rollouts
     from collapsecheck.scan import score as run_score
 
     settings = Settings(
@@ -637,7 +641,7 @@ def score(
     )
     with user_errors():
         gate = gate_settings.load()
-        check_outputs(outputs, rewards)
+        check_outputs(outputs)
         options = RolloutOptions(
             prompt_field=rendering.prompt_field,
             response_field=response_field,
@@ -648,6 +652,9 @@ def score(
             seed=analysis.seed,
             reward_field=rewards.reward_field,
         )
+        if outputs.keep_prompts is not None:
+            parsed = parse_rollouts(rollouts, options)
+            check_keep_rollout_prompts(outputs.keep_prompts, rollouts, parsed, prompts)
         with progress_bars(stderr) as progress:
             report = run_score(
                 checkpoint, rollouts, settings, rollout_options=options,
@@ -660,6 +667,9 @@ def score(
         for note in notes:
             stderr.print(note, style="dim", highlight=False, soft_wrap=True)
         write_prompt_outputs(report, outputs, None, settings)
+        if outputs.keep_prompts is not None:
+            line = write_kept_rollout_prompts(report, outputs.keep_prompts, prompts)
+            stderr.print(line, style="dim", highlight=False, soft_wrap=True)
     gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs)
 
 

@@ -4,6 +4,7 @@ the writers of the per-prompt table and the kept prompts."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,12 @@ def check_outputs(
     outputs: OutputSettings, rewards: RewardSettings | None = None, prompts: Path | None = None
 ) -> None:
     """Every output path writable (a file where a file is meant, a directory where one is),
-    and --keep-prompts given what it needs."""
+    and (given the scan's `rewards`) --keep-prompts given what it needs."""
     for f in fields(outputs):
         path = getattr(outputs, f.name)
         check = check_output_dir if f.metadata["directory"] else check_output_file
         check(path, option_name(f.name))
-    if outputs.keep_prompts is not None:
+    if outputs.keep_prompts is not None and rewards is not None:
         check_keep_prompts(outputs.keep_prompts, rewards, prompts)
 
 
@@ -65,3 +66,44 @@ def write_kept_prompts(
     write_prompt_rows(prompt_file, kept, path)
     top_p = report.snr["snr_top_p"]
     return f"kept {len(kept)} of {len(prompts)} prompts (SNR filter, top-p {top_p:g}) in {path}"
+
+
+def check_keep_rollout_prompts(
+    path: Path, rollouts: Path, parsed: Any, training: Path | None
+) -> None:
+    """score --keep-prompts: rollouts with rewards, and a target in the format written (the
+    training file's, else JSONL)."""
+    from collapsecheck.prompts import PARQUET_SUFFIXES, check_same_format
+
+    if parsed is None or parsed.rewards is None:
+        raise CollapsecheckError(
+            f"--keep-prompts needs rewards: {rollouts} has no reward or score field "
+            "(--reward-field NAME names another)"
+        )
+    if training is not None:
+        check_same_format(training, path, "--keep-prompts")
+    elif path.suffix.lower() in PARQUET_SUFFIXES:
+        raise CollapsecheckError(
+            f"--keep-prompts {path}: the rollouts' prompts are written as JSONL rows (--prompts "
+            "TRAIN_FILE writes the training file's rows, in its format)"
+        )
+
+
+def write_kept_rollout_prompts(report: Any, path: Path, training: Path | None) -> str:
+    """score --keep-prompts: the kept prompts as the training file's rows (those matched to
+    one), else as JSONL rows {"prompt": text or chat messages}, the form TRL and veRL read;
+    returns the line that says how many."""
+    from collapsecheck.files import write_text_atomic
+    from collapsecheck.prompts import write_prompt_rows
+
+    kept = [report.prompts[i] for i in report.snr["kept_prompts"]]
+    said = f"kept {len(kept)} of {len(report.prompts)} prompts (SNR filter, top-p "
+    said += f"{report.snr['snr_top_p']:g}) in {path}"
+    if training is None:
+        rows = "".join(json.dumps({"prompt": p.content}) + "\n" for p in kept)
+        write_text_atomic(path, rows)
+        return said
+    matched = [p for p in kept if p.number is not None]
+    write_prompt_rows(training, matched, path)
+    missing = len(kept) - len(matched)
+    return said + (f"; {missing} matched no row of {training} and are left out" if missing else "")

@@ -109,6 +109,9 @@ class Report:
     per_prompt: list[dict[str, Any]] = field(default_factory=list, compare=False)
     # where the scan's dump lives (set by a scan with a dump and by `load`; not serialized)
     dump_dir: Path | None = field(default=None, compare=False)
+    # the prompts scored, in the order of the per-prompt table and the SNR section's indices
+    # (collapsecheck.prompts.Prompt; set by a scan or score, not serialized)
+    prompts: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     def value(self, key: str) -> float:
         """Point value of one metric."""

@@ -509,6 +509,7 @@ def diagnose(
         snr=why.snr,
         snr_reason=why.snr_reason,
         per_prompt=why.per_prompt,
+        prompts=list(prepared.prompts),
     )
     if dump_dir is not None:
         write_per_prompt(dump_dir, why.per_prompt)

@@ -333,8 +333,9 @@ class OutputSettings:
         "Write the per-prompt table (CSV, or parquet by its extension).", commands=(SCAN, SCORE)
     )
     keep_prompts: Path | None = output(
-        "Write the prompts the SNR filter keeps, rows verbatim in the prompt file's format, "
-        "for the next training round (needs rewards).", commands=(SCAN,),
+        "Write the prompts the SNR filter keeps, for the next training round (needs rewards): "
+        "scan, the prompt file's rows verbatim in its format; score, the training file's rows "
+        "with --prompts, else the rollouts' prompts as JSONL rows.", commands=(SCAN, SCORE),
     )  # fmt: skip
     dump: Path | None = output(
         "Write the SPEC dump of one checkpoint to this directory.",

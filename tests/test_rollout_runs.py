@@ -75,9 +75,9 @@ def test_a_rollout_step_equals_score_on_its_file_under_its_checkpoint(trl_run):
     step = run["steps"][1]
     direct = score(TRL_RUN / "checkpoint-2", step["rollouts"]["file"], device="cpu",
                    bootstrap=200)  # fmt: skip
-    assert step["report"]["metrics"]["normalized_mi"] == direct.to_dict()["metrics"][
-        "normalized_mi"
-    ]
+    assert (
+        step["report"]["metrics"]["normalized_mi"] == direct.to_dict()["metrics"]["normalized_mi"]
+    )
     assert step["report"]["verdict"] == direct.to_dict()["verdict"]
 
 

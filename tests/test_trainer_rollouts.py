@@ -11,6 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
+from collapsecheck.prompts import plain_value
 from collapsecheck.trainer_rollouts import trainer_rollouts
 from tests.conftest import ROOT
 
@@ -154,4 +155,45 @@ def test_prompts_with_a_trl_file_is_refused_before_any_model_loads(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"error: --prompts {tmp_path / 'train.parquet'}: score matches it to a veRL rollout "
         f"dump's decoded inputs; {TRL_FILE} holds its prompts itself"
+    ]
+
+
+def test_keep_prompts_from_trl_completions_writes_their_prompt_rows(tmp_path):
+    kept = tmp_path / "kept.jsonl"
+    result = score(
+        TRL_FILE, "-c", CHECKPOINT, "--keep-prompts", kept, "--json", tmp_path / "r.json"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert len(rows) == len(report["snr"]["kept_prompts"]) > 0
+    assert f"kept {len(rows)} of 4 prompts" in result.stderr
+    # each row is a prompt of the file as TRL logged it (chat messages), ready for a dataset
+    logged = {json.dumps(plain_value(p)) for p in pd.read_parquet(TRL_FILE)["prompt"]}
+    assert all(json.dumps(row["prompt"]) in logged for row in rows)
+
+
+def test_keep_prompts_from_verl_rollouts_writes_the_training_rows(tmp_path):
+    kept = tmp_path / "kept.jsonl"
+    prompts = ROOT / "examples" / "prompts" / "gridworld.jsonl"
+    result = score(VERL_FILE, "-c", DEMO_POLICY, "--prompts", prompts, "--keep-prompts", kept)
+    assert result.returncode == 0, result.stderr
+    training = set(prompts.read_text().splitlines())
+    rows = kept.read_text().splitlines()
+    assert rows and all(row in training for row in rows)  # verbatim lines of the training file
+    assert f"kept {len(rows)} of 8 prompts" in result.stderr
+
+
+def test_keep_prompts_refusals_come_before_any_model_loads(tmp_path):
+    parquet = score(TRL_FILE, "-c", tmp_path / "none", "--keep-prompts", tmp_path / "k.parquet")
+    assert parquet.returncode == 2
+    assert "the rollouts' prompts are written as JSONL rows" in parquet.stderr
+    unrewarded = tmp_path / "r.jsonl"
+    rows = [{"prompt": "a", "response": "x"}, {"prompt": "b", "response": "y"}]
+    unrewarded.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = score(unrewarded, "-c", tmp_path / "none", "--keep-prompts", tmp_path / "k.jsonl")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: --keep-prompts needs rewards: {unrewarded} has no reward or score field "
+        "(--reward-field NAME names another)"
     ]

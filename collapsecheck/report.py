@@ -117,6 +117,23 @@ class Report:
         """Point value of one metric."""
         return point_value(self.metrics[key])
 
+    def scalars(self, prefix: str = "collapse/") -> dict[str, float]:
+        """The numbers a trainer's logger takes, under RAGEN-2's key names (SPEC "Metrics",
+        "Why: reward variance") after `prefix`: every defined metric's point value, the SNR
+        section's numbers, and the verdicts as 0/1 (`collapsed`, `inconclusive`,
+        `flow_faithful`); undefined ones (NaN) are left out."""
+        values = {key: point_value(v) for key, v in self.metrics.items()}
+        values.update(
+            (key, point_value(v))
+            for key, v in (self.snr or {}).items()
+            if isinstance(v, Estimate | float | int) and not isinstance(v, bool)
+        )
+        values["collapsed"] = float(self.verdict.is_collapse)
+        values["inconclusive"] = float(self.verdict.regime == "inconclusive")
+        if self.flow.regime != NOT_MEASURED:
+            values["flow_faithful"] = float(self.flow.regime == "faithful")
+        return {f"{prefix}{k}": float(v) for k, v in values.items() if not math.isnan(v)}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": REPORT_FORMAT,

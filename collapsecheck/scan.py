@@ -618,7 +618,7 @@ def scoring_timing(scores: CrossScores, scoring_s: float) -> dict[str, Any]:
     }
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -647,7 +647,7 @@ def scan(
     `loaded`: an already loaded backend (inside a training loop, say) instead of loading one.
     `resume`: reuse the samples `dump` already holds for the same prompts."""
     settings = checked(resolve_settings(settings, flags))
-    started, started_at = time.perf_counter(), _now()
+    started, started_at = time.perf_counter(), utc_now()
     prompt_path = Path(prompts)
     prompt_list = read_prompt_set(prompt_path, settings)
     rewards, reward_source = reward_function(prompt_list, settings)
@@ -700,7 +700,7 @@ def score(
     `training_prompts`: the trainer's prompt file, whose rows veRL's decoded inputs are matched
     to, so that they are scored in the context the trainer rendered."""
     settings = checked(resolve_settings(settings, flags))
-    started, started_at = time.perf_counter(), _now()
+    started, started_at = time.perf_counter(), utc_now()
     options = rollout_options or RolloutOptions(
         prompt_field=settings.prompts.prompt_field,
         seed=settings.analysis.seed,

@@ -11,6 +11,7 @@ import sys
 import pandas as pd
 import pytest
 
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.prompts import plain_value
 from collapsecheck.trainer_rollouts import trainer_rollouts
 from tests.conftest import ROOT
@@ -67,14 +68,14 @@ def test_reward_field_picks_one_reward_column(tmp_path):
 
 def test_a_bad_completion_row_is_one_line_before_any_model_loads(tmp_path):
     frame = pd.read_parquet(TRL_FILE)
-    frame.loc[2, "answer_correct"] = float("nan")
+    frame.loc[2, "answer_correct"] = float("inf")
     bad = tmp_path / "completions" / "completions_00004.parquet"
     bad.parent.mkdir()
     frame.to_parquet(bad)
     result = score(bad, "-c", tmp_path / "no-such-checkpoint")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"error: {bad}, row 3: field 'answer_correct' is not a finite number: nan"
+        f"error: {bad}, row 3: field 'answer_correct' is not a finite number: inf"
     ]
 
 
@@ -197,3 +198,18 @@ def test_keep_prompts_refusals_come_before_any_model_loads(tmp_path):
         f"error: --keep-prompts needs rewards: {unrewarded} has no reward or score field "
         "(--reward-field NAME names another)"
     ]
+
+
+def test_a_reward_function_that_did_not_apply_is_skipped_as_trl_skips_it(tmp_path):
+    """TRL writes NaN where a reward function returned None (it did not apply): the reward is
+    the sum of the others (TRL's nansum); a completion no function scored is an error."""
+    frame = pd.read_parquet(TRL_FILE)
+    frame.loc[0, "deliberate_phrasing"] = float("nan")
+    path = tmp_path / "completions_00004.parquet"
+    frame.to_parquet(path)
+    read = trainer_rollouts(path)
+    assert read.rows[0][1]["reward"] == frame["answer_correct"][0]
+    frame.loc[0, "answer_correct"] = float("nan")
+    frame.to_parquet(path)
+    with pytest.raises(CollapsecheckError, match=r"row 1: no reward function scored"):
+        trainer_rollouts(path)

@@ -1,6 +1,7 @@
-"""CollapseCallback inside a real TRL GRPOTrainer run on CPU: RAGEN-2's keys reach the
-trainer's log_history at the steps they measure, each report is written under output_dir, and
-a gate on a collapsed policy stops training with the reason in the log."""
+"""CollapseCallback inside a real TRL GRPOTrainer run on CPU: from the step's own completions
+or a probe set, RAGEN-2's keys reach the trainer's log_history at the steps they measure, each
+report is written under output_dir, and a gate on a collapsed policy stops training with the
+reason in the log."""
 
 import json
 import logging
@@ -26,11 +27,11 @@ def answered(completions, **_):
     return [float("<answer>" in c[0]["content"]) for c in completions]
 
 
-def grpo_trainer(policy, out, steps):
+def grpo_trainer(policy, out, steps, batch=8):
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
     config = GRPOConfig(
         output_dir=str(out), max_steps=steps, learning_rate=1e-4,
-        per_device_train_batch_size=8, num_generations=4, max_completion_length=32,
+        per_device_train_batch_size=batch, num_generations=4, max_completion_length=32,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
     )  # fmt: skip
     return GRPOTrainer(
@@ -61,6 +62,23 @@ def test_the_keys_land_in_log_history_and_the_reports_under_output_dir(tmp_path)
     assert trainer.state.global_step == 4
 
 
+def test_the_steps_own_completions_are_scored_with_trls_reward_weights(tmp_path):
+    trainer = grpo_trainer(EXAMPLES / "demo-run" / "global_step_100", tmp_path, 2, batch=16)
+    callback = CollapseCallback(trainer, every=2, bootstrap=100)
+    trainer.add_callback(callback)
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "collapse/mi_estimate" in e]
+    assert entry["step"] == 2
+    report = callback.reports[2]
+    # the generation batch TRL keeps: 16 completions, 4 prompts x 4, with their rewards
+    assert report.counts["prompts"] == 4 and report.counts["responses"] == 16
+    scored = tmp_path / "collapsecheck" / "step-2" / "completions.jsonl"
+    rows = [json.loads(line) for line in scored.read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [r["answered"] for r in rows]  # one function, weight 1
+    assert report.snr["rewards"] == "rollouts, per response"
+    assert entry["collapse/retrieval_accuracy"] == pytest.approx(report.value("retrieval_accuracy"))
+
+
 def test_a_gate_on_a_collapsed_policy_stops_training(tmp_path, caplog):
     trainer = grpo_trainer(EXAMPLES / "demo-run" / "global_step_500", tmp_path, steps=6)
     trainer.add_callback(
@@ -80,6 +98,8 @@ def test_a_bad_probe_file_or_gate_fails_before_training(tmp_path):
     trainer = grpo_trainer(EXAMPLES / "demo-run" / "global_step_100", tmp_path, steps=1)
     with pytest.raises(CollapsecheckError, match="not found"):
         CollapseCallback(trainer, tmp_path / "missing.jsonl", **PROBE)
+    with pytest.raises(CollapsecheckError, match="keeps no completions a callback can read"):
+        CollapseCallback(object())
     with pytest.raises(CollapsecheckError, match="unknown regime"):
         CollapseCallback(trainer, PROMPTS, fail_on="collapsed", **PROBE)
 
@@ -99,3 +119,16 @@ def test_under_two_processes_rank_zero_diagnoses_and_every_rank_logs_and_stops(t
     assert ranks[0]["logged"] == ranks[1]["logged"]
     assert ranks[0]["logged"][0]["collapse/gate_failed"] == 1.0
     assert done.stderr.count("collapsecheck stops training at step 2") == 1  # rank 0 says so
+
+
+def test_a_step_that_cannot_be_diagnosed_is_a_warning_and_training_goes_on(tmp_path, caplog):
+    trainer = grpo_trainer(EXAMPLES / "demo-run" / "global_step_100", tmp_path, steps=2)
+    trainer.add_callback(CollapseCallback(trainer, every=1, reasoning_tags="<plan>,</plan>"))
+    with caplog.at_level(logging.WARNING, logger="collapsecheck"):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    failed = [e["step"] for e in trainer.state.log_history if "collapse/diagnosis_failed" in e]
+    assert failed == [1, 2]
+    assert "collapsecheck could not diagnose step 1: no response had a reasoning segment" in (
+        caplog.text
+    )

@@ -1,10 +1,19 @@
 """collapsecheck inside a TRL (or any transformers `Trainer`) training loop, in one line:
 
-    trainer.add_callback(CollapseCallback(trainer, "probe.jsonl", every=50))
+    trainer.add_callback(CollapseCallback(trainer, every=50))                 # the step's own
+    trainer.add_callback(CollapseCallback(trainer, "probe.jsonl", every=50))  # a probe set
 
-Every `every` optimizer steps it diagnoses the live policy, with no checkpoint written: K
-responses sampled for each prompt of a fixed probe set, cross-scored, measured and judged as
-`collapsecheck scan` does (the same settings, by name: `k=8`, `num_prompts=32`, ...). Then:
+Every `every` optimizer steps it diagnoses the live policy, with no checkpoint written, from
+either source:
+
+- the step's own completions (no `probe_prompts`): the latest generation batch TRL's
+  GRPOTrainer keeps for its completions log (prompts, completions, each reward function's
+  values, weighted by `reward_weights` as TRL weights them), cross-scored as `collapsecheck
+  score` does; nothing is sampled, so it costs little, but N is the batch's prompt count;
+- a fixed probe set: K responses sampled for each probe prompt and judged as `collapsecheck
+  scan` does, the same prompts at every step, so the numbers compare along the run.
+
+Settings by name as for `scan` (`k=8`, `num_prompts=32`, `no_flow=True`, ...). Then:
 
 - RAGEN-2's keys under `collapse/` (`Report.scalars`) go through the trainer's own `log`,
   so they land in `trainer_state.json`'s log_history and wherever the run reports (W&B,
@@ -27,9 +36,11 @@ begins: a forward pass on rank 0 alone would need every rank; use
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +49,21 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.config import GateConfig, parse_fail_on
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_text_atomic
 from collapsecheck.flow import FlowThresholds
 from collapsecheck.gate import check_report, failures
 from collapsecheck.report import Report
-from collapsecheck.scan import read_prompt_set, scan
+from collapsecheck.scan import read_prompt_set, scan, score
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import Settings, resolve_settings
+from collapsecheck.trainer_rollouts.trl_completions import completion_row
 from collapsecheck.verdict import Thresholds
 
 __all__ = ["CollapseCallback"]
 
 logger = logging.getLogger("collapsecheck")
 REPORTS = "collapsecheck"  # under output_dir: step-N/ per diagnosis
+COMPLETIONS = "completions.jsonl"  # in step-N/: the step's own completions, as scored
 
 
 def tokenizer_of(processing_class: Any) -> Any:
@@ -80,18 +94,49 @@ def from_rank_zero(payload: Any) -> Any:
     return box[0]
 
 
+def step_completions(trainer: Any) -> list[dict[str, Any]]:
+    """The trainer's latest generation batch as rollout rows (all processes' rows: TRL gathers
+    them): what TRL's GRPOTrainer keeps in `_logs` for its completions log."""
+    logs = getattr(trainer, "_logs", None)
+    names = getattr(trainer, "reward_func_names", None)
+    if not (isinstance(logs, dict) and {"prompt", "completion", "rewards"} <= set(logs) and names):
+        raise CollapsecheckError(
+            f"{type(trainer).__name__} keeps no completions a callback can read (TRL's "
+            "GRPOTrainer does): give CollapseCallback probe_prompts to sample from"
+        )
+    weights = dict(zip(names, (float(w) for w in trainer.reward_weights), strict=True))
+    source = f"{type(trainer).__name__}'s latest completions"
+    rows = []
+    for i, (prompt, completion) in enumerate(zip(logs["prompt"], logs["completion"], strict=True)):
+        rewards = {name: float(logs["rewards"][name][i]) for name in names}
+        rows.append(completion_row(prompt, completion, rewards, weights, f"{source}, row {i + 1}"))
+    return rows
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Rank 0's diagnosis of a step, as every rank receives it."""
+
+    scalars: dict[str, float] = field(default_factory=dict)
+    failed: str = ""  # the gate rules that failed, and why
+    error: str = ""  # why there is no diagnosis
+    fatal: bool = False  # a bug, not bad input: training stops on every rank
+
+
 class CollapseCallback(TrainerCallback):
-    """Diagnose the live policy every `every` steps on `probe_prompts` (JSONL, parquet or
-    text, rendered as `scan` renders them: `as_chat=True` for plain-text prompts to a chat
-    model). `fail_on`: regimes that stop training (e.g. "template_collapse,
-    low_entropy_collapse"); `minimums`: metric floors that stop it; none by default (monitor
-    only). `settings` and `flags`: as for `scan` (`k`, `num_prompts`, `max_new_tokens`, ...);
-    the probe file and the settings are checked here, before training starts."""
+    """Diagnose the live policy every `every` steps, from the step's own completions or, with
+    `probe_prompts` (JSONL, parquet or text, rendered as `scan` renders them), from responses
+    sampled on that fixed set. `fail_on`: regimes that stop training (e.g.
+    "template_collapse,low_entropy_collapse"); `minimums`: metric floors that stop it; none by
+    default (monitor only). `settings` and `flags`: as for `scan`. The source and the settings
+    are checked here, before training starts. A step whose traces cannot be diagnosed (bad
+    input: no reasoning segment, one distinct prompt) is logged as a warning and training goes
+    on; a bug in collapsecheck stops training on every rank."""
 
     def __init__(
         self,
         trainer: Any,
-        probe_prompts: str | Path,
+        probe_prompts: str | Path | None = None,
         every: int = 50,
         settings: Settings | None = None,
         *,
@@ -104,10 +149,13 @@ class CollapseCallback(TrainerCallback):
         if every < 1:
             raise CollapsecheckError(f"every must be at least 1, got {every}")
         self.trainer = trainer
-        self.probe = Path(probe_prompts)
+        self.probe = Path(probe_prompts) if probe_prompts is not None else None
         self.every = every
         self.settings = checked(resolve_settings(settings, flags))
-        read_prompt_set(self.probe, self.settings)  # a bad probe file fails now, not at step N
+        if self.probe is not None:
+            read_prompt_set(self.probe, self.settings)  # a bad probe file fails now
+        else:
+            step_completions(trainer)  # a trainer that keeps no completions fails now
         regimes = "none" if fail_on is None else fail_on
         self.gate = GateConfig(
             thresholds=thresholds or Thresholds(),
@@ -136,33 +184,54 @@ class CollapseCallback(TrainerCallback):
         step = state.global_step
         if step % self.every != 0:
             return control
-        outcome = self.diagnose(args, step) if state.is_world_process_zero else None
-        scalars, failed = from_rank_zero(outcome)
-        self.log(scalars)
-        if failed:
-            if state.is_world_process_zero:
-                logger.warning("collapsecheck stops training at step %d: %s", step, failed)
+        outcome = from_rank_zero(self.attempt(args, step) if state.is_world_process_zero else None)
+        if outcome.fatal:
+            raise RuntimeError(f"collapsecheck failed at step {step}: {outcome.error}")
+        self.log(outcome.scalars)
+        if state.is_world_process_zero and (outcome.error or outcome.failed):
+            what = "could not diagnose" if outcome.error else "stops training at"
+            logger.warning(
+                "collapsecheck %s step %d: %s", what, step, outcome.error or outcome.failed
+            )
+        if outcome.failed:
             control.should_training_stop = True
         return control
 
-    def diagnose(self, args: TrainingArguments, step: int) -> tuple[dict[str, float], str]:
-        """The live policy's diagnosis at `step`: its keys for the log and, when a gate rule
-        failed, why (else "")."""
+    def attempt(self, args: TrainingArguments, step: int) -> Outcome:
+        """The diagnosis of `step` on rank 0, whatever happens (the other ranks wait for it)."""
+        try:
+            return self.diagnose(args, step)
+        except CollapsecheckError as error:
+            return Outcome({"collapse/diagnosis_failed": 1.0}, error=str(error))
+        except Exception as error:  # every rank must hear of it, or they wait forever
+            return Outcome(error=f"{type(error).__name__}: {error}", fatal=True)
+
+    def diagnose(self, args: TrainingArguments, step: int) -> Outcome:
+        """The live policy's diagnosis at `step`: its keys for the log and the failed rules;
+        the report and its dump in output_dir/collapsecheck/step-N/."""
         model = self.trainer.model
         was_training = model.training
         model.eval()
         started = time.perf_counter()
+        dump = Path(args.output_dir) / REPORTS / f"step-{step}"
+        common = {
+            "thresholds": self.gate.thresholds, "flow_thresholds": self.gate.flow_thresholds,
+            "dump": dump,
+        }  # fmt: skip
+        name = f"{args.output_dir} at step {step} (live policy)"
         try:
             backend = TransformersBackend(
                 model, tokenizer_of(self.trainer.processing_class),
                 batch_tokens=self.settings.load.batch_tokens,
                 sample_batch=self.settings.load.sample_batch,
             )  # fmt: skip
-            report = scan(
-                f"{args.output_dir} at step {step} (live policy)", self.probe, self.settings,
-                thresholds=self.gate.thresholds, flow_thresholds=self.gate.flow_thresholds,
-                dump=Path(args.output_dir) / REPORTS / f"step-{step}", loaded=backend,
-            )  # fmt: skip
+            if self.probe is not None:
+                report = scan(name, self.probe, self.settings, loaded=backend, **common)
+            else:
+                rows = step_completions(self.trainer)
+                text = "".join(json.dumps(row, default=str) + "\n" for row in rows)
+                completions = write_text_atomic(dump / COMPLETIONS, text)
+                report = score(name, completions, self.settings, loaded=backend, **common)
         finally:
             model.train(was_training)
         self.reports[step] = report
@@ -170,7 +239,7 @@ class CollapseCallback(TrainerCallback):
         scalars["collapse/diagnosis_s"] = round(time.perf_counter() - started, 3)
         failed = failures(check_report(report, self.gate))
         scalars["collapse/gate_failed"] = float(bool(failed))
-        return scalars, "; ".join(f"rule {r.name}: {r.message}" for r in failed)
+        return Outcome(scalars, "; ".join(f"rule {r.name}: {r.message}" for r in failed))
 
     def log(self, scalars: dict[str, float]) -> None:
         """Through transformers' `Trainer.log` (log_history, every reporter), not TRL's

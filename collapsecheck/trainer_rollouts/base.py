@@ -24,11 +24,13 @@ class TrainerRollouts:
     notes: list[str] = field(default_factory=list)
 
 
-def number(value: Any, where: str, name: str) -> float:
-    """A finite number from a file's field, or one line naming the file, row and field."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise CollapsecheckError(f"{where}: field {name!r} is not a finite number: {value!r}")
-    return float(value)
+def number(value: Any, where: str, name: str, missing_ok: bool = False) -> float:
+    """A finite number from a file's field (NaN too where `missing_ok`: a value the trainer
+    left out), or one line naming the file, row and field."""
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if numeric and (math.isfinite(value) or (missing_ok and math.isnan(value))):
+        return float(value)
+    raise CollapsecheckError(f"{where}: field {name!r} is not a finite number: {value!r}")
 
 
 def text(value: Any, where: str, name: str) -> str:

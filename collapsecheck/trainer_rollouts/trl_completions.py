@@ -16,7 +16,9 @@ the file, so the columns are summed with equal weights, TRL's default, and a not
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,24 +64,41 @@ def reward_columns(row: dict[str, Any]) -> list[str]:
     return [k for k, v in row.items() if k not in NOT_REWARDS and isinstance(v, int | float)]
 
 
+def completion_row(
+    prompt: Any, completion: Any, rewards: Mapping[str, float], weights: Mapping[str, float],
+    where: str,
+) -> dict[str, Any]:  # fmt: skip
+    """One completion as a rollout row. Its reward is TRL's: the weighted sum of the reward
+    functions that scored it; NaN marks a function that did not apply to it, skipped as TRL's
+    nansum skips it."""
+    applied = {name: value for name, value in rewards.items() if not math.isnan(value)}
+    if rewards and not applied:
+        raise CollapsecheckError(f"{where}: no reward function scored this completion (all NaN)")
+    reward = sum(weights[name] * value for name, value in applied.items())
+    return {
+        "prompt": prompt,
+        "response": completion_text(completion, where),
+        **({"reward": reward} if rewards else {}),
+        **rewards,
+        "group": json.dumps(prompt, sort_keys=True, default=str),
+    }
+
+
 def read(path: Path) -> TrainerRollouts:
     raw = read_parquet_rows(path)
     if not raw:
         raise CollapsecheckError(f"{path}: no completions (the file is empty)")
     columns = reward_columns(raw[0])
+    equal = dict.fromkeys(columns, 1.0)
     rows, steps = [], set()
     for index, row in enumerate(raw, start=1):
         where = f"{path}, row {index}"
         require(row, COLUMNS, where)
         steps.add(int(number(row["step"], where, "step")))
-        rewards = [number(row[c], where, c) for c in columns]
-        rows.append((where, {
-            "prompt": row["prompt"],
-            "response": completion_text(row["completion"], where),
-            **({"reward": sum(rewards)} if columns else {}),
-            **{c: row[c] for c in columns},
-            "group": json.dumps(row["prompt"], sort_keys=True, default=str),
-        }))  # fmt: skip
+        rewards = {c: number(row[c], where, c, missing_ok=True) for c in columns}
+        rows.append(
+            (where, completion_row(row["prompt"], row["completion"], rewards, equal, where))
+        )
     if len(steps) != 1:
         raise CollapsecheckError(f"{path}: rows of several steps ({sorted(steps)})")
     (step,) = steps

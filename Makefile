@@ -99,12 +99,14 @@ examples: $(STAMP)
 
 # Benchmarks (not part of the tests): scoring speed against the naive reference and the
 # machine's matmul peak, the flow's cost, the agreement of the default sampled negatives with
-# the full matrices, and time per trace from N = 16 to 256; each writes docs/benchmarks.md.
+# the full matrices, time per trace from N = 16 to 256, and what the training-loop callback
+# costs a GRPOTrainer run; each writes docs/benchmarks.md.
 bench: $(STAMP)
 	$(PY) bench/bench_scoring.py --write
 	$(PY) bench/bench_flow.py --write
 	$(PY) bench/negatives.py
 	$(PY) bench/scaling.py
+	$(PY) bench/callback.py
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env

@@ -1,7 +1,8 @@
 """What CollapseCallback costs a training run: a real GRPOTrainer on CPU at the demo run's
 shapes (scripts/make_grpo_run.py: 32 completions a step, 8 per prompt, up to 64 new tokens,
 from examples/demo-run/global_step_200), run for STEPS steps without the callback and with it
-at every=10, in one process. The probe is the demo's (16 prompts x 8 samples, 64 new tokens).
+at every=10, in one process: from the step's own completions (the default), and sampling the
+demo probe set (16 prompts x 8 samples, 64 new tokens) with and without the flow.
 Goal (issue 22): at most 10% of training step time at every=10. Writes its section of
 docs/benchmarks.md.
 
@@ -55,14 +56,24 @@ def trainer(out: Path, steps: int) -> GRPOTrainer:
     )
 
 
-def timed_run(steps: int, flow: bool | None) -> tuple[float, list[float]]:
+# the callbacks measured: (row name, CollapseCallback's arguments after the trainer)
+SOURCES = [
+    ("the step's own completions (default)", {}),
+    ("the step's own completions, X->Z alone (no_flow=True)", {"no_flow": True}),
+    ("probe, X->Z alone (no_flow=True)",
+     {"probe_prompts": PROBE, "num_prompts": 16, "k": 8, "max_new_tokens": 64, "no_flow": True}),
+    ("probe, X->Z and flow",
+     {"probe_prompts": PROBE, "num_prompts": 16, "k": 8, "max_new_tokens": 64}),
+]  # fmt: skip
+
+
+def timed_run(steps: int, callback: dict | None) -> tuple[float, list[float]]:
     """Wall time of `steps` training steps, and the callback's time per diagnosis (None: no
     callback)."""
     with TemporaryDirectory() as out:
         run = trainer(Path(out), steps)
-        if flow is not None:
-            run.add_callback(CollapseCallback(run, PROBE, every=EVERY, num_prompts=16, k=8,
-                                              max_new_tokens=64, no_flow=not flow))  # fmt: skip
+        if callback is not None:
+            run.add_callback(CollapseCallback(run, every=EVERY, **callback))
         started = time.perf_counter()
         run.train()
         total = time.perf_counter() - started
@@ -79,11 +90,11 @@ def main() -> None:
     timed_run(2, None)  # warm-up: imports, first allocations
     bare, _ = timed_run(args.steps, None)
     rows = []
-    for flow in (False, True):
-        total, spent = timed_run(args.steps, flow)
+    for name, callback in SOURCES:
+        total, spent = timed_run(args.steps, callback)
         share = sum(spent) / (total - sum(spent))
         rows.append(
-            f"| {'X->Z and flow' if flow else 'X->Z alone (no_flow=True)'} | "
+            f"| {name} | "
             f"{bare / args.steps:.2f} | {total / args.steps:.2f} | "
             f"{sum(spent) / len(spent):.1f} | {100 * share:.0f}% | "
             f"{100 * (total / bare - 1):.0f}% |"
@@ -95,9 +106,10 @@ def main() -> None:
         f"`make bench` ({date.today()}, {machine('cpu')}, float32): a real `GRPOTrainer` at the "
         "demo run's shapes (32 completions a step, 8 per prompt, 64 new tokens, from "
         f"`examples/demo-run/global_step_200`), {args.steps} steps without the callback and "
-        f"with `CollapseCallback(every={EVERY})` probing the demo set (16 prompts x 8 samples, "
-        "64 new tokens), in one process. Made by `python bench/callback.py`. Goal: at most 10% "
-        "of training step time at every=10.",
+        f"with `CollapseCallback(every={EVERY})` reading the step's own completions (4 prompts "
+        "x 8) or sampling the demo probe set (16 prompts x 8 samples, 64 new tokens), in one "
+        "process. Made by `python bench/callback.py`. Goal: at most 10% of training step time "
+        "at every=10. Diagnosis / training time: the callback's own time over the rest.",
         "",
         "| callback | s per step without | s per step with | s per diagnosis | diagnosis / "
         "training time | wall time added |",

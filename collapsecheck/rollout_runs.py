@@ -4,11 +4,11 @@ each step's scored under the checkpoint whose weights sampled it, through the re
 with one model load per checkpoint.
 
 Pairing (docs/runs.md): the rollouts of step s were sampled by the policy before update s
-(TRL writes them after update s from what it generated before it; veRL dumps them before
-update s), so by the checkpoint saved at step s - 1, else the nearest earlier one (the
-baseline, with --baseline, is step 0). The gap is the number of updates between that
-checkpoint and the sampling weights: 0 is an exact pairing. Steps with no checkpoint at or
-before s - 1 are skipped, and counted.
+(TRL writes them after update s from what it generated before it; veRL dumps them at the end
+of step s from the batch it generated at its start), so by the checkpoint saved at step
+s - 1, else the nearest earlier one (the baseline, with --baseline, is step 0). The gap is
+the number of updates between that checkpoint and the sampling weights: 0 is an exact
+pairing. Steps with no checkpoint at or before s - 1 are skipped, and counted.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from collapsecheck.cache import cache_entry, default_cache_root
 from collapsecheck.checkpoint import Checkpoint
-from collapsecheck.discovery import RunCheckpoint, require_run
+from collapsecheck.discovery import RunCheckpoint
 from collapsecheck.dump import REPORT_FILE
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.flow import FlowThresholds
@@ -33,7 +33,7 @@ from collapsecheck.reasoning import action_spec
 from collapsecheck.report import Report
 from collapsecheck.rollouts import ParsedRollouts, RolloutOptions, parse_rollouts
 from collapsecheck.run_report import RunReport, RunStep
-from collapsecheck.runs import finish_run, for_step, load_cached, run_training_log, with_baseline
+from collapsecheck.runs import finish_run, for_step, load_cached, run_inputs, with_baseline
 from collapsecheck.scan import open_backend, require_decoded_inputs, score
 from collapsecheck.settings import Settings, resolve_settings
 from collapsecheck.trainer_rollouts import RolloutFile, rollout_files, rollouts_beside
@@ -270,17 +270,15 @@ def score_run(
     are matched to. The other arguments are `scan_run`'s."""
     settings = resolve_settings(settings, flags)
     run_dir, notes = Path(run_dir), list(notes)
-    if checkpoints is None:
-        checkpoints = require_run(run_dir, settings.load.base_model, notes)
+    checkpoints, training_log, log_reason = run_inputs(
+        run_dir, settings, checkpoints, notes, training_log
+    )
     if not isinstance(rollouts, RunRollouts):
         found = find_run_rollouts(run_dir, Path(rollouts) if rollouts is not None else None)
         if found is None:
             raise CollapsecheckError(f"{run_dir}: no rollouts beside the run (give --rollouts)")
         rollouts = found
     prompts = Path(training_prompts) if training_prompts is not None else None
-    log_reason = None
-    if not isinstance(training_log, TrainingLog):
-        training_log, log_reason = run_training_log(run_dir, checkpoints, training_log)
     rows = with_baseline(checkpoints, baseline, settings)
     work = prepare_run_rollouts(rollouts, rows, settings, prompts)
     if work.skipped:

@@ -105,6 +105,19 @@ def run_training_log(
     return found, (reason or None)
 
 
+def run_inputs(
+    run_dir: Path, settings: Settings, checkpoints: Sequence[RunCheckpoint] | None,
+    notes: list[str], training_log: TrainingLog | str | Path | bool,
+) -> tuple[Sequence[RunCheckpoint], TrainingLog | None, str | None]:  # fmt: skip
+    """A run's checkpoints (found now unless given; what was left out goes into `notes`) and
+    its training log (`run_training_log`), with why there is none: before any model loads."""
+    if checkpoints is None:
+        checkpoints = require_run(run_dir, settings.load.base_model, notes)
+    if isinstance(training_log, TrainingLog):
+        return checkpoints, training_log, None
+    return checkpoints, *run_training_log(run_dir, checkpoints, training_log)
+
+
 def with_baseline(
     checkpoints: Sequence[RunCheckpoint], baseline: str | Path | Checkpoint | None,
     settings: Settings,
@@ -141,13 +154,10 @@ def scan_run(
     run, when there is one) or False (none); a named log is read, and a bad one refused,
     before any model loads."""
     settings = resolve_settings(settings, flags)
-    run_dir = Path(run_dir)
-    notes = list(notes)
-    if checkpoints is None:
-        checkpoints = require_run(run_dir, settings.load.base_model, notes)
-    log_reason = None
-    if not isinstance(training_log, TrainingLog):
-        training_log, log_reason = run_training_log(run_dir, checkpoints, training_log)
+    run_dir, notes = Path(run_dir), list(notes)
+    checkpoints, training_log, log_reason = run_inputs(
+        run_dir, settings, checkpoints, notes, training_log
+    )
     checkpoints = with_baseline(checkpoints, baseline, settings)
     advance = progress("run", len(checkpoints))
     steps = []

@@ -47,13 +47,16 @@ def test_each_step_pairs_with_the_checkpoint_before_it():
 @pytest.fixture(scope="module")
 def trl_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cache")
-    report = tmp_path_factory.mktemp("reports") / "run.json"
-    result = invoke("scan", TRL_RUN, "--baseline", START, "--out", out, "--json", report, *FAST)
-    return result, json.loads(report.read_text()) if report.is_file() else None, out
+    reports = tmp_path_factory.mktemp("reports")
+    report = reports / "run.json"
+    result = invoke("scan", TRL_RUN, "--baseline", START, "--out", out, "--json", report,
+                    "--plot", reports / "run.png", "--markdown", reports / "run.md",
+                    *FAST)  # fmt: skip
+    return result, json.loads(report.read_text()) if report.is_file() else None, out, reports
 
 
 def test_a_trl_run_is_diagnosed_from_its_own_completions(trl_run):
-    result, run, _ = trl_run
+    result, run, _, reports = trl_run
     assert result.exit_code == 0, result.output
     assert "the trainer's own rollouts (TRL" in result.output
     assert "plan: 3 rollout steps of the trainer under 3 checkpoints" in result.output
@@ -68,10 +71,13 @@ def test_a_trl_run_is_diagnosed_from_its_own_completions(trl_run):
         assert step["report"]["snr"]["rewards"] == "rollouts, per response"
         assert "reward" in step["training_log"]  # TRL's own log beside each step
     assert "checkpoint-2 (gap 1)" in result.output
+    # the run's outputs as for sampled scans
+    assert (reports / "run.png").stat().st_size > 10_000
+    assert "latest: 6" in (reports / "run.md").read_text()
 
 
 def test_a_rollout_step_equals_score_on_its_file_under_its_checkpoint(trl_run):
-    _, run, _ = trl_run
+    run = trl_run[1]
     step = run["steps"][1]
     direct = score(TRL_RUN / "checkpoint-2", step["rollouts"]["file"], device="cpu",
                    bootstrap=200)  # fmt: skip

@@ -36,7 +36,7 @@ def matches(path: Path) -> bool:
 
 
 def step_of(path: Path) -> int:
-    """The global step in the file's name (veRL dumps a step's rollouts before its update)."""
+    """The global step in the file's name (the step whose update the rollouts fed)."""
     return int(NAME.fullmatch(path.name).group(1))
 
 

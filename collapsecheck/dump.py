@@ -191,8 +191,9 @@ class SampledPrompts:
     rewards: list[list[float]] | None = None  # one per sample, where the rollouts carry them
 
 
-def read_dump_samples(directory: Path) -> SampledPrompts:
+def read_dump_samples(directory: str | Path) -> SampledPrompts:
     """A scan's dump: rendered prompts and sampled ids as they were, not re-tokenized."""
+    directory = Path(directory)
     prompt_rows = read_jsonl(directory / PROMPTS_FILE)
     trace_rows = read_jsonl(directory / TRACES_FILE)
     try:

@@ -32,7 +32,7 @@ from collapsecheck.prompts import file_sha256
 from collapsecheck.reasoning import action_spec
 from collapsecheck.report import Report
 from collapsecheck.rollouts import ParsedRollouts, RolloutOptions, parse_rollouts
-from collapsecheck.run_report import RunReport, RunStep
+from collapsecheck.run_report import Pairing, RunReport, RunStep
 from collapsecheck.runs import finish_run, for_step, load_cached, run_inputs, with_baseline
 from collapsecheck.scan import open_backend, require_decoded_inputs, score
 from collapsecheck.settings import Settings, resolve_settings
@@ -41,37 +41,6 @@ from collapsecheck.training_logs import TrainingLog
 from collapsecheck.verdict import Thresholds
 
 TRAINERS = {"trl": "TRL", "verl": "veRL"}
-
-
-@dataclass(frozen=True)
-class Pairing:
-    """One step's rollouts and the run's checkpoint that scores them."""
-
-    rollouts: RolloutFile
-    checkpoint: RunCheckpoint
-
-    @property
-    def gap(self) -> int:
-        """Updates between the checkpoint and the weights that sampled (0: those weights)."""
-        return self.rollouts.step - 1 - (self.checkpoint.step or 0)
-
-    @property
-    def row(self) -> RunCheckpoint:
-        """The run table's row: the rollouts' step, scored by the paired checkpoint."""
-        return RunCheckpoint(self.checkpoint.name, self.rollouts.step, self.checkpoint.checkpoint)
-
-    def describe(self) -> str:
-        return f"{self.checkpoint.name} (gap {self.gap})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "file": str(self.rollouts.path),
-            "trainer": self.rollouts.trainer,
-            "step": self.rollouts.step,
-            "checkpoint": self.checkpoint.name,
-            "checkpoint_step": self.checkpoint.step,
-            "gap": self.gap,
-        }
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from collapsecheck.discovery import RunCheckpoint
 from collapsecheck.files import write_text_atomic
@@ -14,12 +14,41 @@ from collapsecheck.flow import SHARE_KEYS as FLOW_SHARES
 from collapsecheck.metrics import point_value
 from collapsecheck.onset import Onset
 from collapsecheck.report import KEY_METRICS, Report
-
-if TYPE_CHECKING:
-    from collapsecheck.rollout_runs import Pairing
+from collapsecheck.trainer_rollouts import RolloutFile
 
 RUN_FORMAT = 1
 EMA_KEYS = ("mi_zscore_ema", "mi_zscore_ema_seq", "marginal_std_ema", "marginal_std_ema_seq")
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """One step's rollouts and the run's checkpoint that scores them."""
+
+    rollouts: RolloutFile
+    checkpoint: RunCheckpoint
+
+    @property
+    def gap(self) -> int:
+        """Updates between the checkpoint and the weights that sampled (0: those weights)."""
+        return self.rollouts.step - 1 - (self.checkpoint.step or 0)
+
+    @property
+    def row(self) -> RunCheckpoint:
+        """The run table's row: the rollouts' step, scored by the paired checkpoint."""
+        return RunCheckpoint(self.checkpoint.name, self.rollouts.step, self.checkpoint.checkpoint)
+
+    def describe(self) -> str:
+        return f"{self.checkpoint.name} (gap {self.gap})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": str(self.rollouts.path),
+            "trainer": self.rollouts.trainer,
+            "step": self.rollouts.step,
+            "checkpoint": self.checkpoint.name,
+            "checkpoint_step": self.checkpoint.step,
+            "gap": self.gap,
+        }
 
 
 @dataclass

@@ -196,6 +196,15 @@ Prompts = Annotated[
     Path | None,
     typer.Option("--prompts", "-p", help="Prompt set: JSONL, parquet (veRL) or plain text."),
 ]
+ScanPrompts = Annotated[
+    Path | None,
+    typer.Option(
+        "--prompts",
+        "-p",
+        help="Prompt set: JSONL, parquet (veRL) or plain text. With a run's veRL rollouts: the "
+        "training prompt file their decoded inputs are matched to.",
+    ),
+]
 Rescan = Annotated[bool, typer.Option("--rescan", help="Ignore cached results.")]
 
 
@@ -421,7 +430,7 @@ def scan(
     load: LoadSettings,
     gate_settings: GateSettings,
     outputs: OutputSettings,
-    prompts: Prompts = None,
+    prompts: ScanPrompts = None,
     rescan: Rescan = False,
     train_log: Annotated[
         Path | None,

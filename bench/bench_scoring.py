@@ -197,6 +197,13 @@ def main() -> None:
         print(f"added the row to {DOCS}")
 
 
+def write_section(heading: str, lines: list[str]) -> None:
+    """docs/benchmarks.md with the section under `heading` replaced by `lines` (made, with the
+    file, where missing)."""
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    DOCS.write_text(replace_section(text, heading, "\n".join(lines)))
+
+
 def replace_section(text: str, heading: str, section: str) -> str:
     """The document with the section under `heading` (up to the next `## ` heading) replaced
     by `section`, or `section` appended where there is none."""

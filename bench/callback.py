@@ -19,7 +19,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import torch
-from bench_scoring import machine, replace_section
+from bench_scoring import machine, write_section
 from datasets import Dataset
 from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 START = ROOT / "examples" / "demo-run" / "global_step_200"
 TRAIN = ROOT / "examples" / "prompts" / "gridworld-256.jsonl"
 PROBE = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-DOCS = ROOT / "docs" / "benchmarks.md"
 MARKER = "## The training-loop callback"
 EVERY = 10
 
@@ -116,8 +115,7 @@ def main() -> None:
         "|---|---|---|---|---|---|",
         *rows,
     ]
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    DOCS.write_text(replace_section(text, MARKER, "\n".join(lines)))
+    write_section(MARKER, lines)
 
 
 if __name__ == "__main__":

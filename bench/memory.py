@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
-from bench_scoring import machine, replace_section
+from bench_scoring import machine, write_section
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from collapsecheck import scan, score
@@ -36,7 +36,6 @@ from collapsecheck.dump import read_dump
 from collapsecheck.settings import LoadSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs" / "benchmarks.md"
 DEMO = ROOT / "examples" / "demo-run" / "global_step_200"
 PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
 MARKER = "## Memory and precision at a real shape"
@@ -158,8 +157,7 @@ def main() -> None:
         "|---|---|---|" + "---|" * len(KEYS) + "---|---|",
         *precision,
     ]
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    DOCS.write_text(replace_section(text, MARKER, "\n".join(lines)))
+    write_section(MARKER, lines)
     print("\n".join(lines))
 
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from bench_scoring import replace_section
+from bench_scoring import write_section
 
 from collapsecheck import scan
 from collapsecheck.cross_scoring import chosen_swaps, negative_groups
@@ -32,7 +32,6 @@ from collapsecheck.verdict import decide
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PROMPTS = EXAMPLES / "prompts" / "gridworld-256.jsonl"
-DOCS = ROOT / "docs" / "benchmarks.md"
 N, K = 64, 8
 CHECKPOINTS = [
     "demo-run/global_step_100",
@@ -149,9 +148,7 @@ def main() -> None:
                      device="cpu", dump=dump, negatives="all")  # fmt: skip
             lines.append(row(name, dump, args.seeds))
             print(lines[-1], flush=True)
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    text = replace_section(text, "## Sampled negatives", "\n".join(lines))
-    DOCS.write_text(text)
+    write_section("## Sampled negatives", lines)
 
 
 if __name__ == "__main__":

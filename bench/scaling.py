@@ -12,7 +12,7 @@ import argparse
 from datetime import date
 from pathlib import Path
 
-from bench_scoring import machine, replace_section
+from bench_scoring import machine, write_section
 
 from collapsecheck import scan
 from collapsecheck.plan import plan_work
@@ -20,7 +20,6 @@ from collapsecheck.settings import DEFAULT_NEGATIVES
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT / "examples" / "prompts" / "gridworld-256.jsonl"
-DOCS = ROOT / "docs" / "benchmarks.md"
 SIZES, K, NEW_TOKENS = (16, 64, 256), 8, 64
 MARKER = "## Scaling with the batch"
 
@@ -64,8 +63,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|",
         *rows,
     ]
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    DOCS.write_text(replace_section(text, MARKER, "\n".join(lines)))
+    write_section(MARKER, lines)
 
 
 if __name__ == "__main__":

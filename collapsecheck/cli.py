@@ -404,7 +404,7 @@ def score_run_rollouts(
     stderr.print(plan.line(), style="dim", markup=False, highlight=False, soft_wrap=True)
     with progress_bars(stderr) as progress:
         report = score_run(
-            run_dir, found, settings, checkpoints=run, notes=notes, baseline=baseline,
+            run_dir, work, settings, checkpoints=run, notes=notes, baseline=baseline,
             training_prompts=prompts, training_log=log, train_keys=keys,
             cache_root=outputs.out, rescan=rescan, thresholds=gate.thresholds,
             flow_thresholds=gate.flow_thresholds, progress=progress,
@@ -661,6 +661,7 @@ def score(
             seed=analysis.seed,
             reward_field=rewards.reward_field,
         )
+        parsed = None
         if outputs.keep_prompts is not None:
             parsed = parse_rollouts(rollouts, options)
             check_keep_rollout_prompts(outputs.keep_prompts, rollouts, parsed, prompts)
@@ -668,7 +669,7 @@ def score(
             report = run_score(
                 checkpoint, rollouts, settings, rollout_options=options,
                 thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds,
-                dump=outputs.dump, progress=progress, training_prompts=prompts,
+                dump=outputs.dump, progress=progress, training_prompts=prompts, parsed=parsed,
             )  # fmt: skip
         notes = report.settings.get("trainer_rollouts", {}).get("notes", [])
         if "prompt_matching" in report.settings:

@@ -64,8 +64,13 @@ def write_kept_prompts(
     prompts = load_prompts(prompt_file, num_prompts=num_prompts, field=field)
     kept = [prompts[i] for i in report.snr["kept_prompts"]]
     write_prompt_rows(prompt_file, kept, path)
+    return kept_line(report, len(kept), len(prompts), path)
+
+
+def kept_line(report: Any, kept: int, total: int, path: Path) -> str:
+    """The line that says how many prompts --keep-prompts wrote, and where."""
     top_p = report.snr["snr_top_p"]
-    return f"kept {len(kept)} of {len(prompts)} prompts (SNR filter, top-p {top_p:g}) in {path}"
+    return f"kept {kept} of {total} prompts (SNR filter, top-p {top_p:g}) in {path}"
 
 
 def check_keep_rollout_prompts(
@@ -97,8 +102,7 @@ def write_kept_rollout_prompts(report: Any, path: Path, training: Path | None) -
     from collapsecheck.prompts import write_prompt_rows
 
     kept = [report.prompts[i] for i in report.snr["kept_prompts"]]
-    said = f"kept {len(kept)} of {len(report.prompts)} prompts (SNR filter, top-p "
-    said += f"{report.snr['snr_top_p']:g}) in {path}"
+    said = kept_line(report, len(kept), len(report.prompts), path)
     if training is None:
         rows = "".join(json.dumps({"prompt": p.content}) + "\n" for p in kept)
         write_text_atomic(path, rows)

@@ -76,6 +76,16 @@ def find_run_rollouts(run_dir: Path, rollouts: Path | None) -> RunRollouts | Non
     return RunRollouts(rollouts, files)
 
 
+def run_rollouts(run_dir: Path, rollouts: str | Path | RunRollouts | None) -> RunRollouts:
+    """The rollouts given, or found in their folder or beside the run; an error when none."""
+    if isinstance(rollouts, RunRollouts):
+        return rollouts
+    found = find_run_rollouts(run_dir, Path(rollouts) if rollouts is not None else None)
+    if found is None:
+        raise CollapsecheckError(f"{run_dir}: no rollouts beside the run (give --rollouts)")
+    return found
+
+
 def pair_rollouts(
     files: Sequence[RolloutFile], checkpoints: Sequence[RunCheckpoint]
 ) -> tuple[list[Pairing], list[RolloutFile]]:
@@ -111,14 +121,6 @@ def parse_all(
         if training_prompts is not None:
             require_decoded_inputs(parsed[path], path, training_prompts)
     return parsed
-
-
-def rollout_options(settings: Settings) -> RolloutOptions:
-    return RolloutOptions(
-        prompt_field=settings.prompts.prompt_field,
-        seed=settings.analysis.seed,
-        reward_field=settings.rewards.reward_field,
-    )
 
 
 def score_key(settings: Settings, training_prompts: Path | None) -> dict[str, Any]:
@@ -211,13 +213,13 @@ def prepare_run_rollouts(
             "prompts; --prompts with a run's rollouts names veRL's training prompt file (pass "
             "--sample to sample afresh from a prompt set)"
         )
-    parsed = parse_all(pairings, rollout_options(settings), training_prompts)
+    parsed = parse_all(pairings, RolloutOptions.of(settings), training_prompts)
     return RunRolloutWork(rollouts, pairings, skipped, parsed)
 
 
 def score_run(
     run_dir: str | Path,
-    rollouts: str | Path | RunRollouts | None = None,
+    rollouts: str | Path | RunRollouts | RunRolloutWork | None = None,
     settings: Settings | None = None,
     *,
     checkpoints: Sequence[RunCheckpoint] | None = None,
@@ -234,24 +236,23 @@ def score_run(
     **flags: Any,
 ) -> RunReport:
     """Diagnose a run from the rollouts its trainer wrote, step by step (`rollouts`: their
-    folder, else the one the trainer keeps beside the run), each scored under the checkpoint
-    that sampled it; `training_prompts`: veRL's training prompt file, which its decoded inputs
-    are matched to. The other arguments are `scan_run`'s."""
+    folder, else the one the trainer keeps beside the run, or the work `prepare_run_rollouts`
+    already made of them with these checkpoints, baseline and training prompts), each scored
+    under the checkpoint that sampled it; `training_prompts`: veRL's training prompt file,
+    which its decoded inputs are matched to. The other arguments are `scan_run`'s."""
     settings = resolve_settings(settings, flags)
     run_dir, notes = Path(run_dir), list(notes)
     checkpoints, training_log, log_reason = run_inputs(
         run_dir, settings, checkpoints, notes, training_log
     )
-    if not isinstance(rollouts, RunRollouts):
-        found = find_run_rollouts(run_dir, Path(rollouts) if rollouts is not None else None)
-        if found is None:
-            raise CollapsecheckError(f"{run_dir}: no rollouts beside the run (give --rollouts)")
-        rollouts = found
     prompts = Path(training_prompts) if training_prompts is not None else None
-    rows = with_baseline(checkpoints, baseline, settings)
-    work = prepare_run_rollouts(rollouts, rows, settings, prompts)
+    if isinstance(rollouts, RunRolloutWork):
+        work = rollouts
+    else:
+        rows = with_baseline(checkpoints, baseline, settings)
+        work = prepare_run_rollouts(run_rollouts(run_dir, rollouts), rows, settings, prompts)
     if work.skipped:
-        notes.append(skipped_note(work.skipped, rollouts.folder))
+        notes.append(skipped_note(work.skipped, work.rollouts.folder))
     root = Path(cache_root) if cache_root is not None else default_cache_root()
     advance = progress("run", len(work.pairings))
     reports: list[Report] = []
@@ -265,10 +266,10 @@ def score_run(
                 if todo:
                     report = score(
                         model, pairing.rollouts.path, settings,
-                        rollout_options=rollout_options(settings), thresholds=thresholds,
-                        flow_thresholds=flow_thresholds, dump=entry,
+                        thresholds=thresholds, flow_thresholds=flow_thresholds, dump=entry,
                         progress=for_step(progress, str(pairing.rollouts.step)),
                         loaded=backend, training_prompts=prompts,
+                        parsed=work.parsed[pairing.rollouts.path],
                     )  # fmt: skip
                 else:
                     report = load_cached(entry, model, thresholds, flow_thresholds)
@@ -279,4 +280,4 @@ def score_run(
         for p, report in zip(work.pairings, reports, strict=True)
     ]
     logged = (training_log, log_reason, train_keys or {})
-    return finish_run(run_dir, steps, notes, logged, False, traces=rollouts.describe())
+    return finish_run(run_dir, steps, notes, logged, False, traces=work.rollouts.describe())

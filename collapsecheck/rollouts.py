@@ -39,7 +39,7 @@ from collapsecheck.prompts import (
     render_prompts,
 )
 from collapsecheck.rewards import as_reward
-from collapsecheck.settings import PromptSettings
+from collapsecheck.settings import PromptSettings, Settings
 from collapsecheck.trainer_rollouts import trainer_rollouts
 
 RESPONSE_FIELDS = ("response", "output", "completion")
@@ -61,6 +61,15 @@ class RolloutOptions:
     pairs: int | None = None
     seed: int = 0
     reward_field: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings) -> RolloutOptions:
+        """The options a file with the default field names needs, from the settings."""
+        return cls(
+            prompt_field=settings.prompts.prompt_field,
+            seed=settings.analysis.seed,
+            reward_field=settings.rewards.reward_field,
+        )
 
     def __post_init__(self) -> None:
         if self.turn_sampling not in TURN_SAMPLINGS:

@@ -693,20 +693,19 @@ def score(
     progress: ProgressHook = silent,
     loaded: Backend | None = None,
     training_prompts: str | Path | None = None,
+    parsed: ParsedRollouts | None = None,
     **flags: Any,
 ) -> Report:
     """Diagnose traces already sampled (rollouts, or a scan's dump) under the checkpoint that
     produced them: cross-scoring only. Reports as `scan` does; `loaded`: as for `scan`.
     `training_prompts`: the trainer's prompt file, whose rows veRL's decoded inputs are matched
-    to, so that they are scored in the context the trainer rendered."""
+    to, so that they are scored in the context the trainer rendered. `parsed`: the rollout
+    file as the caller already read it (`rollouts.parse_rollouts`), not read again."""
     settings = checked(resolve_settings(settings, flags))
     started, started_at = time.perf_counter(), utc_now()
-    options = rollout_options or RolloutOptions(
-        prompt_field=settings.prompts.prompt_field,
-        seed=settings.analysis.seed,
-        reward_field=settings.rewards.reward_field,
-    )
-    parsed = parse_rollouts(rollouts, options)  # a bad row is refused before any model loads
+    options = rollout_options or RolloutOptions.of(settings)
+    # a bad row is refused before any model loads
+    parsed = parsed or parse_rollouts(rollouts, options)
     if training_prompts is not None:
         require_decoded_inputs(parsed, rollouts, Path(training_prompts))
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)

@@ -36,12 +36,11 @@ class FunctionBackend:
         tokenizer: Any,
         *,
         call_size: int = DEFAULT_CALL_SIZE,
-        max_length: int | None = None,
     ) -> None:
         self.function = loglikelihood
         self.tokenizer = tokenizer
         self.call_size = call_size
-        self.max_length = max_length
+        self.max_length: int | None = None  # the caller's contexts fit its model already
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress

@@ -5,7 +5,7 @@ and nothing sampled; everything after the scores (reasoning extraction, metrics,
 flow, SNR) is `scan`'s own, so the numbers equal `score` on the same traces under the same
 model. `Report.scalars()` gives RAGEN-2's keys under `collapse/` for the trainer's logger.
 
-    report = diagnose_batch(prompt_ids, response_ids, my_loglikelihood, tokenizer, k=...)
+    report = diagnose_batch(prompt_ids, response_ids, my_loglikelihood, tokenizer)
     logger.log(report.scalars(), step=global_step)
 """
 
@@ -79,8 +79,8 @@ def diagnose_batch(
         for t, ids in zip(texts, prompt_ids, strict=True)
     ]
     samples = [
-        [Sample(tuple(int(i) for i in ids), bool(c)) for ids, c in zip(group, flags_, strict=True)]
-        for group, flags_ in zip(response_ids, cut, strict=True)
+        [Sample(tuple(int(i) for i in ids), bool(c)) for ids, c in zip(group, cuts, strict=True)]
+        for group, cuts in zip(response_ids, cut, strict=True)
     ]
     prepared = prepare(prompts, rendered, [0] * len(prompts), backend, settings, BATCH)
     given = [[float(r) for r in group] for group in rewards] if rewards is not None else None

@@ -8,6 +8,7 @@ atomically, so a killed scan leaves an incomplete entry that is simply redone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,10 +44,22 @@ def _file_digest(path: Path, digest: Any) -> None:
 
 
 def checkpoint_fingerprint(checkpoint: Checkpoint) -> str:
-    """A digest of the files that define a checkpoint (weights, config, tokenizer)."""
+    """A digest of the files that define a checkpoint (weights, config, tokenizer), read once
+    per process while their sizes and modification times stay the same (a run's plan and its
+    scans, and every rollout step a checkpoint scores, ask for it again)."""
+    files = tuple(
+        (path, stat.st_size, stat.st_mtime_ns)
+        for path in checkpoint_files(checkpoint)
+        for stat in (path.stat(),)
+    )
+    return _files_fingerprint(checkpoint.kind, files)
+
+
+@functools.lru_cache(maxsize=256)
+def _files_fingerprint(kind: str, files: tuple[tuple[Path, int, int], ...]) -> str:
     digest = hashlib.sha256()
-    digest.update(checkpoint.kind.encode())
-    for path in checkpoint_files(checkpoint):
+    digest.update(kind.encode())
+    for path, _, _ in files:
         _file_digest(path, digest)
     return digest.hexdigest()
 

@@ -26,6 +26,9 @@ def main(out: Path, policy: str, fail_on: str) -> None:
     world = dist.get_world_size() if dist.is_initialized() else 1
     record = {"world": world, "step": trainer.state.global_step, "logged": keys}
     (out / f"rank-{rank}.json").write_text(json.dumps(record))
+    if dist.is_initialized():  # a gloo group left to interpreter shutdown may abort the process
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

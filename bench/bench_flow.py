@@ -1,5 +1,6 @@
 """What the information flow (X->Z->A) adds to cross-scoring, measured in one run: the cached
-scorer on X->Z alone, then on X->Z with the three action matrices branched off the same pass.
+scorer on X->Z alone, then on X->Z with the three action matrices branched off the same pass,
+both with the default sampled negatives and swaps (`--negatives auto`).
 
     python bench/bench_flow.py            # the bench shape of bench_scoring.py, on CPU
     python bench/bench_flow.py --write    # and write the section of docs/benchmarks.md
@@ -32,6 +33,7 @@ from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.cross_scoring import cross_score
 from collapsecheck.progress import silent
 from collapsecheck.reasoning import ReasoningSpan, Trace
+from collapsecheck.settings import DEFAULT_NEGATIVES
 
 HEADING = "## Information flow: the cost of the action matrices"
 
@@ -57,7 +59,7 @@ def build_traces(args: argparse.Namespace, distinct_actions: int | None) -> tupl
 
 def timed(backend: TransformersBackend, traces: list, prompts: list, flow: bool) -> float:
     start = time.perf_counter()
-    cross_score(backend, traces, prompts, silent, flow=flow)
+    cross_score(backend, traces, prompts, silent, negatives=DEFAULT_NEGATIVES, flow=flow)
     return time.perf_counter() - start
 
 
@@ -86,8 +88,8 @@ def main() -> None:
             f"`make bench` ({datetime.date.today().isoformat()}, {machine('cpu')}, float32, "
             f"{params / 1e6:.1f}M-parameter Qwen2 shape, N = {args.n}, K = {args.k}, prompt "
             f"{args.prompt_tokens} / reasoning {args.reasoning_tokens} / action "
-            f"{args.action_tokens} tokens; `bench/bench_flow.py`). Target: the flow adds at "
-            "most 35% to scoring time.",
+            f"{args.action_tokens} tokens, `--negatives auto`; `bench/bench_flow.py`). Target: "
+            "the flow adds at most 35% to scoring time.",
             "",
             "| actions | X->Z alone s | X->Z + flow s | flow adds |",
             "|---|---|---|---|",

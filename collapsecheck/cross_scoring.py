@@ -74,40 +74,39 @@ def chosen_swaps(
     """For each flow row (given its prompt group), the traces whose reasoning is swapped in:
     every trace, or its own group's traces and `negatives` drawn at random from the other
     traces whose X->Z pass ran under the row's prompt (so a swap never needs a pass of its
-    own), seeded per row."""
+    own). The draw is seeded per prompt and shared by the prompt's rows: a swapped reasoning
+    then needs one pass for all of them, and actions they share are scored once."""
     everything = np.arange(len(own))
     if negatives is None:
         return [everything] * len(own)
-    serving = {
-        int(g): [h for h, under in scored_under.items() if g in under] for g in np.unique(own)
-    }
-    eligible = {g: everything[(own != g) & np.isin(own, hosts)] for g, hosts in serving.items()}
-    chosen = []
-    for row, g in enumerate(own):
-        others = eligible[int(g)]
-        rng = np.random.default_rng([seed, row])
+    shared = {}
+    for g in np.unique(own).tolist():
+        hosts = [h for h, under in scored_under.items() if g in under]
+        others = everything[(own != g) & np.isin(own, hosts)]
+        rng = np.random.default_rng([seed, g])
         picked = rng.choice(others, size=min(negatives, len(others)), replace=False)
-        chosen.append(np.sort(np.concatenate([everything[own == g], picked])))
-    return chosen
+        shared[g] = np.sort(np.concatenate([everything[own == g], picked]))
+    return [shared[int(g)] for g in own]
 
 
 @dataclass
 class Plan:
-    """The requests of one scoring call and, for each, the matrix cell its value fills."""
+    """The requests of one scoring call and, per matrix, the cell each request's value fills."""
 
     requests: list[ScoreRequest] = field(default_factory=list)
-    cells: list[tuple[str, int, int]] = field(default_factory=list)  # (matrix, row, column)
+    cells: dict[str, list[tuple[int, int, int]]] = field(
+        default_factory=dict
+    )  # (request, row, column)
 
     def add(self, request: ScoreRequest, matrix: str, row: int, column: int) -> None:
+        self.cells.setdefault(matrix, []).append((len(self.requests), row, column))
         self.requests.append(request)
-        self.cells.append((matrix, row, column))
 
     def fill(self, values: np.ndarray, name: str, shape: tuple[int, int]) -> np.ndarray:
         """The values of one matrix's cells; NaN where nothing was scored."""
         out = np.full(shape, np.nan)
-        for (matrix, row, column), value in zip(self.cells, values, strict=True):
-            if matrix == name:
-                out[row, column] = value
+        cells = np.array(self.cells.get(name, []), dtype=np.int64).reshape(-1, 3)
+        out[cells[:, 1], cells[:, 2]] = values[cells[:, 0]]
         return out
 
 
@@ -124,18 +123,6 @@ def plan_reasoning(
             plan.add(request, "z", row, int(group))
 
 
-def action_request(trace: Trace, reasoner: Trace, prompt: Sequence[int]) -> ScoreRequest:
-    """A of `trace` after `prompt`, the pre + Z of `reasoner`, and the trace's own mid; the
-    stem (pre + Z) is marked for a backend to share with the X->Z request that scores it."""
-    stem = reasoner.prefix_ids + reasoner.reasoning_ids
-    return ScoreRequest(
-        tuple(prompt),
-        stem + trace.mid_ids + trace.action_ids,
-        len(stem) + len(trace.mid_ids),
-        len(stem),
-    )
-
-
 def plan_flow(
     plan: Plan,
     acting: Sequence[Trace],
@@ -146,17 +133,25 @@ def plan_flow(
 ) -> None:
     """SPEC "Information flow": A_r after (prompt, pre, Z) of a swapped input or trace, then
     its own mid_r. Each request's stem, prompt j + pre_s + Z_s, is an X->Z request's
-    continuation: a backend can branch the action from that pass instead of running it again.
-    `natural` entries of a trace's own prompt equal `reasoning` ones and are copied after."""
-    for row, trace in enumerate(acting):
-        for group in scored_under[int(own[row])]:
-            request = action_request(trace, trace, prompt_ids[group])
-            plan.add(request, "input", row, int(group))
-        for s in traces_chosen[row]:
-            plan.add(action_request(trace, acting[s], prompt_ids[own[row]]), "reasoning", row, s)
-            if own[s] != own[row]:
-                request = action_request(trace, acting[s], prompt_ids[own[s]])
-                plan.add(request, "natural", row, int(s))
+    continuation, marked as the request's stem: a backend can branch the action from that
+    pass instead of running it again. `natural` entries of a trace's own prompt equal
+    `reasoning` ones and are copied after."""
+    prompts = [tuple(ids) for ids in prompt_ids]
+    stems = [t.prefix_ids + t.reasoning_ids for t in acting]
+    acts = [(t.mid_ids + t.action_ids, len(t.mid_ids)) for t in acting]
+
+    def request(row: int, reasoner: int, prompt: int) -> ScoreRequest:
+        (stem, (act, mid)) = stems[reasoner], acts[row]
+        return ScoreRequest(prompts[prompt], stem + act, len(stem) + mid, len(stem))
+
+    own_group = own.tolist()
+    for row, group in enumerate(own_group):
+        for column in scored_under[group].tolist():
+            plan.add(request(row, row, column), "input", row, column)
+        for s in traces_chosen[row].tolist():
+            plan.add(request(row, s, group), "reasoning", row, s)
+            if own_group[s] != group:
+                plan.add(request(row, s, own_group[s]), "natural", row, s)
 
 
 def check_finite(values: np.ndarray) -> None:

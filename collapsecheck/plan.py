@@ -51,7 +51,7 @@ def plan_work(
     """SPEC "Sampled negatives and swaps": each of the N x K traces is scored under its own
     prompt and M others (all N when M >= N - 1 or with no bound); with the flow, its action
     under those M + 1 inputs (`action_input`), and with the reasoning of its own prompt's K
-    traces and 4M others swapped in (all N x K traces when that is fewer), once under its own
+    traces and 2M others swapped in (all N x K traces when that is fewer), once under its own
     input (`action_reasoning`) and once under theirs (`action_natural`)."""
     traces = prompts * samples
     full = negatives is None or negatives >= prompts - 1

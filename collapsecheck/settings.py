@@ -41,9 +41,9 @@ ALL = "all"
 # swaps"); up to 16 prompts, the X->Z matrix is full. docs/benchmarks.md measures the
 # agreement with the full matrices.
 DEFAULT_NEGATIVES = 15
-# swapped traces per action for each of the M negatives: a swap costs only its action's few
-# tokens, and the action marginals it estimates need more draws than the reasoning's
-SWAPS_PER_NEGATIVE = 4
+# swapped traces per action for each of the M negatives: the action marginals they estimate
+# need more draws than the reasoning's (docs/decisions.md)
+SWAPS_PER_NEGATIVE = 2
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")

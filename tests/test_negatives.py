@@ -37,7 +37,11 @@ def test_duplicate_prompts_count_once_and_a_large_m_is_the_full_matrix():
 def test_every_swap_branches_off_a_pass_the_reasoning_scores_already_ran():
     own = np.repeat(np.arange(12), 4)
     under = negative_groups(np.arange(12), 3, seed=1)
-    for row, chosen in enumerate(chosen_swaps(own, under, 5, seed=1)):
+    swaps = chosen_swaps(own, under, 5, seed=1)
+    # a prompt's rows share one draw (one swapped pass serves them all); prompts differ
+    assert all((swaps[row] == swaps[row - row % 4]).all() for row in range(len(own)))
+    assert len({tuple(chosen) for chosen in swaps}) == 12
+    for row, chosen in enumerate(swaps):
         assert (chosen[own[chosen] == own[row]] == np.flatnonzero(own == own[row])).all()
         assert (own[chosen] != own[row]).sum() == 5
         # prompt j(r) with trace s's reasoning is one of trace s's X->Z requests
@@ -120,8 +124,8 @@ def test_the_default_is_full_up_to_sixteen_prompts_and_bounded_beyond():
     assert plan_work(16, 8, 64, 15, flow=False).negatives is None
     small, large = plan_work(16, 8, 64, 15, True), plan_work(256, 8, 64, 15, True)
     assert small.xz_pairs == 16 * 8 * 16 and large.xz_pairs == 256 * 8 * 16
-    # per trace: 16 inputs, its own prompt's 8 traces and 60 others, twice
-    assert large.flow_pairs == 256 * 8 * (16 + 2 * 68)
+    # per trace: 16 inputs, its own prompt's 8 traces and 30 others, twice
+    assert large.flow_pairs == 256 * 8 * (16 + 2 * 38)
     full = plan_work(256, 8, 64, None, True)
     assert full.xz_pairs == 256 * 8 * 256 and full.flow_pairs == 2048 * 256 + 2 * 2048**2
 
@@ -146,7 +150,7 @@ def test_a_sampled_scan_computes_the_full_matrices_entries(tmp_path):
         "negatives": "all", "estimator": "full matrix", "flow_estimator": "full matrices"
     }  # fmt: skip
     assert sampled.settings["cross_scoring"]["flow_estimator"] == (
-        "sampled swaps: own prompt's traces + 8 others per action"
+        "sampled swaps: own prompt's traces + 4 others per action"
     )
     f, s = read_dump(full_dir)[0], read_dump(sampled_dir)[0]
     assert (s.scored.sum(axis=1) == 3).all() and f.is_full

@@ -148,3 +148,46 @@ def test_log_softmax_accumulates_in_float32_whatever_the_model_dtype():
     assert got.dtype == torch.float32
     assert torch.allclose(got, in_float32, atol=1e-5)
     assert (got - in_bfloat16.float()).abs().max() > 1e-3  # bfloat16 would round visibly
+
+
+def branching_requests():
+    """Two contexts; under each, stems with actions after them, as the flow asks: the most
+    common action (carried on by the stem's row), others leaving the row after the shared
+    mid, one leaving inside the mid, one whose scored tokens start before it leaves, one that
+    leaves at the first token, and duplicates."""
+    rng = np.random.default_rng(2)
+
+    def ids(n):
+        return tuple(rng.integers(5, 50, size=n).tolist())
+
+    requests = []
+    for context in (ids(6), ids(11)):
+        stem, mid = ids(9), (3, 4)
+        common, other, longer = ids(3), ids(2), ids(5)
+        for act, scored_from in [
+            (mid + common, 11), (mid + common, 11), (mid + other, 11), (mid + longer, 11),
+            (mid + longer, 11), ((3, 7, *other), 11), (mid + other, 10), (mid + common, 9),
+        ]:  # fmt: skip
+            requests.append(ScoreRequest(context, stem + act, scored_from, len(stem)))
+        requests.append(ScoreRequest(context, stem, 2))  # the stem's own X->Z request
+        requests.append(ScoreRequest(context, (stem[0] + 1, *other), 0, 1))  # leaves at once
+    return requests
+
+
+def test_branches_ride_in_their_stems_pass_and_are_exact(random_checkpoint):
+    """Every branch is appended to its stem's row: one forward pass per batch of stems (no
+    second pass), and each value equals a plain forward pass over the whole sequence."""
+    requests = branching_requests()
+    backend = TransformersBackend.from_checkpoint(
+        random_checkpoint, LoadSettings(device="cpu", dtype="float32", batch_tokens=4096)
+    )
+    shapes, handle = record_batch_shapes(backend.model)
+    scores = backend.loglikelihood(requests, no_progress)
+    handle.remove()
+    expected = np.array([reference(backend.model, r) for r in requests])
+    assert np.abs(scores - expected).max() < TOLERANCE
+    # per context: its prefill, then one pass per stem row (lengths 14 and 3 do not batch
+    # together). The 9-token stem's row is 27 wide: stem + mid + common action (14), then
+    # its other branches, each once: the other action after the mid (2), the longer one (5),
+    # the one leaving inside the mid (1 + 2) and the one scored from inside the mid (1 + 2)
+    assert shapes == [(1, 6), (1, 27), (1, 3), (1, 11), (1, 27), (1, 3)]

@@ -14,6 +14,7 @@ import gc
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -101,24 +102,37 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return length
 
 
-# branch tokens packed into one sequence after a stem: attention within a pack grows with its
-# square, and packs of one width batch together
-PACK_TOKENS = 64
 LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] in float32: logits (B, T, V), targets (B, T) -> (B, T).
-
-    Works through a few rows at a time, so the float32 work space stays small whatever the
-    batch and the model's dtype."""
-    out = torch.empty(targets.shape, dtype=torch.float32, device=targets.device)
+def float32_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the vocabulary in float32: logits (B, T, V) -> (B, T). Works through a
+    few rows at a time, so the float32 work space stays small whatever the batch and the
+    model's dtype."""
+    out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], LOGPROB_ROWS):
         rows = slice(start, start + LOGPROB_ROWS)
-        chunk = logits[rows].float()
-        picked = chunk.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)
-        out[rows] = picked - torch.logsumexp(chunk, dim=-1)
+        out[rows] = torch.logsumexp(logits[rows].float(), dim=-1)
     return out
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] in float32: logits (B, T, V), targets (B, T) -> (B, T)."""
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
+    return picked - float32_logsumexp(logits)
+
+
+def predicted_logprobs(
+    logits: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """log p(ids[b, t]) in float32 when the token is predicted by the logits at position
+    `predictor[b, t]` of its row, or by `first_logits` (1, V) where that is -1: a stem
+    token by the one before it, a branch's first token by the stem token it leaves after."""
+    rows = torch.arange(ids.shape[0], device=ids.device)[:, None]
+    at = predictor.clamp(min=0)
+    picked = logits[rows, at, ids].float() - float32_logsumexp(logits)[rows, at]
+    first = first_logits[0, ids].float() - torch.logsumexp(first_logits[0].float(), dim=-1)
+    return torch.where(predictor >= 0, picked, first)
 
 
 def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
@@ -159,37 +173,26 @@ def _select_rows(cache: Any, rows: torch.Tensor) -> Any:
     return clone
 
 
-def _common_branch(stem: tuple[int, ...], requests: Sequence[ScoreRequest]) -> tuple[int, ...]:
-    """The tokens after `stem` that most of its requests continue with (none if none does):
-    the stem's own pass runs them, so those requests need no branch of their own."""
-    tails = Counter(r.continuation[len(stem) :] for r in requests)
-    tails.pop((), None)
-    return max(tails, key=tails.__getitem__) if tails else ()
+def _common_branch(tails: dict[tuple[tuple[int, ...], int], list[int]]) -> tuple[int, ...]:
+    """Of the tokens after a stem (with where their scoring starts, and the requests that
+    ask for them), those that most requests continue with (none if none does): the stem's
+    own pass runs them, so those requests need no branch of their own."""
+    counts: Counter[tuple[int, ...]] = Counter()
+    for (tail, _), indices in tails.items():
+        if tail:
+            counts[tail] += len(indices)
+    return max(counts, key=counts.__getitem__) if counts else ()
 
 
 @dataclass
 class _StemGroup:
-    """The requests of one context, by stem, with the context's key/value cache."""
+    """The rows of one context, each a stem with its branches, and the context's key/value
+    cache."""
 
     cache: Any
     first_logits: torch.Tensor  # the context's logits for the first stem token
-    requests: Sequence[ScoreRequest]
-    keys: list[tuple[int, ...]]  # the distinct stems
-    rows: list[tuple[int, ...]]  # each stem carried on into its most common branch
-    members: dict[tuple[int, ...], list[int]]  # stem -> indices of its requests
+    sequences: list[_Sequence]
     out: np.ndarray
-
-
-@dataclass
-class _Stems:
-    """A batch of stem rows after their forward pass: what their branches continue from."""
-
-    cache: Any  # context + stem rows (right-padded to `width`)
-    context_length: int
-    width: int
-    # (row, attach) -> the logits that predict a branch's first token when it leaves the row
-    # after `attach` of its tokens
-    first_logits: dict[tuple[int, int], torch.Tensor]
 
 
 class TransformersBackend:
@@ -447,9 +450,9 @@ class TransformersBackend:
     def _score_cached(
         self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
     ) -> None:
-        """Each distinct context is run once; each distinct stem once on top of it (packed by
-        length), carrying on into its most common branch; every other branch (an action after
-        a reasoning, say) on top of its stem."""
+        """Each distinct context is run once; each distinct stem once on top of it (batched by
+        length), carrying on into its most common branch, with every other branch (an action
+        after a reasoning, say) appended to the same row."""
         by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
         for index, request in enumerate(requests):
             by_context[request.context].append(index)
@@ -458,167 +461,148 @@ class TransformersBackend:
             for index in by_context[context]:
                 request = requests[index]
                 stems[request.continuation[: request.stem_length]].append(index)
-            keys = list(stems)
-            rows = [key + _common_branch(key, [requests[i] for i in stems[key]]) for key in keys]
-            group = _StemGroup(cache, first_logits, requests, keys, rows, stems, out)
+            sequences = [_Sequence.of(stem, requests, members) for stem, members in stems.items()]
+            group = _StemGroup(cache, first_logits, sequences, out)
             score = functools.partial(self._score_stems, group)
-            self._score_batches(range(len(keys)), [len(r) for r in rows], score, progress)
+            widths = [len(sequence.ids) for sequence in sequences]
+            self._score_batches(range(len(sequences)), widths, score, progress)
 
     def _score_stems(self, group: _StemGroup, batch: Sequence[int]) -> int:
-        """Run the stems `group.keys[batch]`, each carried on into its common branch, on the
-        context's key/value cache; write the values of the requests that this pass holds
-        (the stem itself, or the stem and that branch), then score the other branches off the
-        stems."""
-        keys, rows = [group.keys[b] for b in batch], [group.rows[b] for b in batch]
-        ids = _right_pad(rows, self.pad_id, self.device)
+        """Run the sequences `group.sequences[batch]` (each stem carried on into its common
+        branch, its other branches appended) on the context's key/value cache in one forward
+        pass, and write the value of every request they hold."""
+        layout = _RowLayout.of([group.sequences[b] for b in batch], self.device)
         context_length = group.cache.get_seq_length()
-        one_row = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+        one_row = torch.zeros(len(batch), dtype=torch.long, device=self.device)
         cache = _select_rows(group.cache, one_row)  # the context's one row, once per stem
-        logits = self.model(input_ids=ids, past_key_values=cache, use_cache=True).logits
-        # stem token 0 is predicted by the context's last logits, token t by logits[t-1]
-        first = token_logprobs(group.first_logits.expand(len(rows), -1)[:, None, :], ids[:, :1])
-        logprobs = torch.cat([first, token_logprobs(logits[:, :-1], ids[:, 1:])], dim=1)
-        held, branches = [], []
-        for b, key in enumerate(keys):
-            for index in group.members[key]:
-                continuation = group.requests[index].continuation
-                inside = continuation == rows[b][: len(continuation)]
-                (held if inside else branches).append((b, index))
-        if held:
-            picked = torch.tensor([b for b, _ in held], device=self.device)
-            starts = [group.requests[i].scored_from for _, i in held]
-            ends = [len(group.requests[i].continuation) for _, i in held]
-            mask = _positions_mask(starts, ends, ids.shape[1])
-            group.out[[i for _, i in held]] = masked_sums(logprobs[picked], mask.to(self.device))
-        if branches:
-            attached = [(b, index, _attach_point(group.requests[index], rows[b]))
-                        for b, index in branches]  # fmt: skip
-            points = sorted({(b, at) for b, _, at in attached})
-            firsts = [logits[b, at - 1] if at else group.first_logits[0] for b, at in points]
-            stem = _Stems(
-                cache, context_length, ids.shape[1], dict(zip(points, firsts, strict=True))
-            )
-            self._score_branches(stem, group, attached)
-        return len(held) + len(branches)
-
-    def _score_branches(
-        self, stem: _Stems, group: _StemGroup, branches: Sequence[tuple[int, int, int]]
-    ) -> None:
-        """Each distinct branch (stem row, the point where it leaves the row, its own tokens)
-        once. The branches of a stem row are packed into one sequence that reads the row's
-        key/value cache as it is: a 4D attention mask lets each branch token see the context,
-        the row's tokens before the branch's attach point and the earlier tokens of its own
-        branch, at the positions after that point."""
-        unique: dict[tuple[int, int, tuple[int, ...], int], list[int]] = defaultdict(list)
-        for b, index, at in branches:
-            request = group.requests[index]
-            unique[(b, at, request.continuation[at:], request.scored_from - at)].append(index)
-        packs = _packs(list(unique), min(self.batch_tokens, PACK_TOKENS))
-        lengths = [sum(len(tail) for _, _, tail, _ in pack) for pack in packs]
-        for chunk in length_batches(lengths, max(self.batch_tokens, max(lengths))):
-            chosen = [packs[i] for i in chunk]
-            sums = self._score_packs(stem, chosen)
-            for pack, values in zip(chosen, sums, strict=True):
-                for key, value in zip(pack, values, strict=True):
-                    group.out[unique[key]] = value
-
-    def _score_packs(self, stem: _Stems, packs: Sequence[list[tuple]]) -> list[list[float]]:
-        """Summed log-probabilities of the scored tokens of each branch of each pack."""
-        layout = _PackLayout.of(packs, stem, self.device)
-        cache = _select_rows(stem.cache, layout.rows)
-        dtype = next(self.model.parameters()).dtype
-        mask = torch.zeros(layout.allowed.shape, dtype=dtype, device=self.device)
-        mask.masked_fill_(~layout.allowed, torch.finfo(dtype).min)
-        logits = self.model(
-            input_ids=layout.ids, attention_mask=mask, position_ids=layout.positions,
-            past_key_values=cache, use_cache=True,
-        ).logits  # fmt: skip
-        # a branch's first token is predicted by the row's logits at its attach point, the
-        # others by the token before them in the pack, which is the same branch's previous one
-        rest = token_logprobs(logits[:, :-1], layout.ids[:, 1:])
-        logprobs = torch.cat([torch.zeros_like(rest[:, :1]), rest], dim=1).double().cpu()
-        items = [(p, start, item) for p, pack in enumerate(packs)
-                 for start, item in zip(layout.starts[p], pack, strict=True)]  # fmt: skip
-        first_logits = torch.stack([stem.first_logits[(b, at)] for _, _, (b, at, _, _) in items])
-        first_ids = layout.ids[[p for p, _, _ in items], [start for _, start, _ in items]]
-        firsts = token_logprobs(first_logits[:, None, :], first_ids[:, None])[:, 0].double().cpu()
-        sums: list[list[float]] = [[] for _ in packs]
-        for (p, start, (_, _, tail, scored)), first in zip(items, firsts.tolist(), strict=True):
-            total = float(logprobs[p, start + max(scored, 1) : start + len(tail)].sum())
-            sums[p].append(total + (first if scored == 0 else 0.0))
-        return sums
+        if layout.branched:
+            dtype = next(self.model.parameters()).dtype
+            allowed = layout.allowed(context_length)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+            logits = self.model(
+                input_ids=layout.ids, attention_mask=mask, past_key_values=cache,
+                position_ids=context_length + layout.positions, use_cache=True,
+            ).logits  # fmt: skip
+        else:  # plain rows: causal on the context, right padding after every real token
+            logits = self.model(input_ids=layout.ids, past_key_values=cache, use_cache=True).logits
+        logprobs = predicted_logprobs(logits, group.first_logits, layout.predictor, layout.ids)
+        totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
+        spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
+        values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]
+        group.out[layout.requests] = values.numpy()
+        return len(layout.requests)
 
 
-def _attach_point(request: ScoreRequest, row: Sequence[int]) -> int:
-    """Where a branch leaves its stem row: after the tokens it shares with the row (the mid
-    before an action, say), but no later than where its scored tokens begin."""
+def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` begin with in common."""
     shared = 0
-    for mine, theirs in zip(request.continuation, row, strict=False):
+    for mine, theirs in zip(a, b, strict=False):
         if mine != theirs:
             break
         shared += 1
-    return min(shared, request.scored_from)
+    return shared
 
 
-def _packs(items: list[tuple], budget: int) -> list[list[tuple]]:
-    """The branches grouped by stem row, each group cut into packs of at most `budget` tokens
-    (a pack holds at least one branch)."""
-    by_row: dict[int, list[tuple]] = defaultdict(list)
-    for item in items:
-        by_row[item[0]].append(item)
-    packs = []
-    for row_items in by_row.values():
-        pack: list[tuple] = []
-        for item in row_items:
-            if pack and sum(len(t) for _, _, t, _ in pack) + len(item[2]) > budget:
-                packs.append(pack)
-                pack = []
-            pack.append(item)
-        packs.append(pack)
-    return packs
+@dataclass(frozen=True)
+class _Sequence:
+    """One stem row, its distinct other branches appended, as one sequence: for each token its
+    branch (-1: the row), its offset in that branch, its position, how many row tokens it
+    sees, and the token whose logits predict it (-1: the context's last); for each request it
+    answers, the span of its scored tokens."""
+
+    ids: list[int]
+    branch: list[int]
+    offset: list[int]
+    position: list[int]
+    row_seen: list[int]
+    predictor: list[int]
+    requests: list[int]
+    spans: list[tuple[int, int]]
+
+    @classmethod
+    def of(
+        cls, stem: tuple[int, ...], requests: Sequence[ScoreRequest], members: Sequence[int]
+    ) -> _Sequence:
+        tails: dict[tuple[tuple[int, ...], int], list[int]] = defaultdict(list)
+        for index in members:  # requests asking for the same tokens are laid out once
+            request = requests[index]
+            tails[(request.continuation[len(stem) :], request.scored_from)].append(index)
+        carried = _common_branch(tails)
+        row = stem + carried
+        width = len(row)
+        ids, branch, offset = list(row), [-1] * width, list(range(width))
+        position, row_seen = list(range(width)), list(range(1, width + 1))
+        predictor = list(range(-1, width - 1))
+        starts: dict[tuple[int, tuple[int, ...]], int] = {}
+        order, spans = [], []
+        for (tail, scored_from), indices in tails.items():
+            order += indices
+            if tail == carried[: len(tail)]:  # inside the row
+                spans += [(scored_from, len(stem) + len(tail))] * len(indices)
+                continue
+            # the branch leaves the row after the tokens it shares with it (the mid before
+            # an action, say), but no later than where its scored tokens begin
+            at = min(len(stem) + _shared_length(tail, carried), scored_from)
+            own = (stem + tail)[at:]
+            if (at, own) not in starts:
+                start = starts[(at, own)] = len(ids)
+                ids += own
+                branch += [len(starts) - 1] * len(own)
+                offset += range(len(own))
+                position += range(at, at + len(own))
+                row_seen += [at] * len(own)
+                predictor += [at - 1, *range(start, start + len(own) - 1)]
+            start = starts[(at, own)]
+            spans += [(start + scored_from - at, start + len(own))] * len(indices)
+        return cls(ids, branch, offset, position, row_seen, predictor, order, spans)
 
 
 @dataclass
-class _PackLayout:
-    """Packed branches as model inputs: ids, positions, the 4D attention pattern, and where
-    each branch starts in its pack."""
+class _RowLayout:
+    """Sequences right-padded into model inputs (padding sees only the context)."""
 
-    rows: torch.Tensor  # the stem row of each pack
     ids: torch.Tensor
+    branch: torch.Tensor
+    offset: torch.Tensor
     positions: torch.Tensor
-    offsets: torch.Tensor  # each token's position within its branch
-    allowed: torch.Tensor  # (packs, 1, width, context + stem width + width)
-    starts: list[list[int]]
+    row_seen: torch.Tensor
+    predictor: torch.Tensor
+    requests: list[int]
+    spans: list[tuple[int, int, int]]  # (row in the batch, start, end) per request
+
+    @property
+    def branched(self) -> bool:
+        return bool((self.branch >= 0).any())
 
     @classmethod
-    def of(cls, packs: Sequence[list[tuple]], stem: _Stems, device: str) -> _PackLayout:
-        width = max(sum(len(t) for _, _, t, _ in pack) for pack in packs)
-        n, past = len(packs), stem.context_length + stem.width
-        ids = torch.zeros((n, width), dtype=torch.long)
-        branch = torch.full((n, width), -1, dtype=torch.long)
-        offsets = torch.zeros((n, width), dtype=torch.long)
-        attach = torch.zeros((n, width), dtype=torch.long)  # each token's branch's attach point
-        starts = []
-        for p, pack in enumerate(packs):
-            at, pack_starts = 0, []
-            for number, (_, point, tail, _) in enumerate(pack):
-                ids[p, at : at + len(tail)] = torch.tensor(tail)
-                branch[p, at : at + len(tail)] = number
-                offsets[p, at : at + len(tail)] = torch.arange(len(tail))
-                attach[p, at : at + len(tail)] = point
-                pack_starts.append(at)
-                at += len(tail)
-            starts.append(pack_starts)
-        rows = torch.tensor([pack[0][0] for pack in packs])
-        allowed = torch.zeros((n, 1, width, past + width), dtype=torch.bool)
-        allowed[..., : stem.context_length] = True
-        row_positions = torch.arange(stem.width)[None, None, :] < attach[:, :, None]
-        allowed[:, 0, :, stem.context_length : past] = row_positions
-        same_branch = (branch[:, :, None] == branch[:, None, :]) & (branch[:, None, :] >= 0)
-        causal = offsets[:, None, :] <= offsets[:, :, None]
-        allowed[:, 0, :, past:] = same_branch & causal
-        positions = stem.context_length + attach + offsets
+    def of(cls, sequences: Sequence[_Sequence], device: str) -> _RowLayout:
+        lengths = np.array([len(s.ids) for s in sequences])
+        real = np.arange(lengths.max())[None, :] < lengths[:, None]  # row-major, like `flat`
+
+        def padded(field: str, fill: int) -> torch.Tensor:
+            out = np.full(real.shape, fill, dtype=np.int64)
+            out[real] = np.fromiter(chain.from_iterable(getattr(s, field) for s in sequences),
+                                    dtype=np.int64, count=int(lengths.sum()))  # fmt: skip
+            return torch.from_numpy(out).to(device)
+
+        requests = [index for s in sequences for index in s.requests]
+        spans = [(b, *span) for b, s in enumerate(sequences) for span in s.spans]
         return cls(
-            rows.to(device), ids.to(device), positions.to(device), offsets.to(device),
-            allowed.to(device), starts,
+            padded("ids", 0), padded("branch", -2), padded("offset", 0),
+            padded("position", 0), padded("row_seen", 0), padded("predictor", -1),
+            requests, spans,
         )  # fmt: skip
+
+    def allowed(self, context_length: int) -> torch.Tensor:
+        """(rows, 1, width, context + width): every token sees the context; a row token the
+        row up to itself; a branch token the row before its attach point and its own branch
+        up to itself."""
+        query, key = (slice(None), slice(None), None), (slice(None), None, slice(None))
+        sees_row = (self.branch[key] == -1) & (self.offset[key] < self.row_seen[query])
+        own_branch = (self.branch[key] == self.branch[query]) & (self.branch[query] >= 0)
+        sees_branch = own_branch & (self.offset[key] <= self.offset[query])
+        context = torch.ones(
+            (*self.ids.shape, context_length), dtype=torch.bool, device=self.ids.device
+        )
+        return torch.cat([context, sees_row | sees_branch], dim=-1)[:, None]

@@ -29,10 +29,10 @@ from bench_scoring import (
     replace_section,
 )
 
-from collapsecheck.backends.hf import TransformersBackend
-from collapsecheck.cross_scoring import cross_score
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.cross_scoring import cross_score
+from collapsecheck.engines.reasoning import ReasoningSpan, Trace
 from collapsecheck.progress import silent
-from collapsecheck.reasoning import ReasoningSpan, Trace
 from collapsecheck.settings import DEFAULT_NEGATIVES
 
 HEADING = "## Information flow: the cost of the action matrices"

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from collapsecheck.backends.base import ScoreRequest, no_progress
-from collapsecheck.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.base import ScoreRequest, no_progress
+from collapsecheck.engines.backends.hf import TransformersBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from collapsecheck.backends.base import no_progress
-from collapsecheck.backends.hf import TransformersBackend
-from collapsecheck.backends.vllm import VLLMBackend
-from collapsecheck.checkpoint import require_checkpoint
+from collapsecheck.engines.backends.base import no_progress
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.vllm import VLLMBackend
+from collapsecheck.inputs.checkpoint import require_checkpoint
 from collapsecheck.settings import LoadSettings
 
 ROOT = Path(__file__).resolve().parent.parent

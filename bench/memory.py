@@ -30,9 +30,9 @@ from bench_scoring import machine, write_section
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from collapsecheck import scan, score
-from collapsecheck.backends.base import ScoreRequest
-from collapsecheck.backends.hf import CPU_SCORING_BUDGET, TransformersBackend
-from collapsecheck.dump import read_dump
+from collapsecheck.engines.backends.base import ScoreRequest
+from collapsecheck.engines.backends.hf import CPU_SCORING_BUDGET, TransformersBackend
+from collapsecheck.reports.dump import read_dump
 from collapsecheck.settings import LoadSettings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,12 +22,12 @@ import numpy as np
 from bench_scoring import write_section
 
 from collapsecheck import scan
-from collapsecheck.cross_scoring import chosen_swaps, negative_groups
-from collapsecheck.dump import read_dump, read_flow
-from collapsecheck.flow import FlowLogProbs, compute_flow_metrics, decide_flow
-from collapsecheck.metrics import CrossLogProbs, compute_metrics
+from collapsecheck.engines.cross_scoring import chosen_swaps, negative_groups
+from collapsecheck.measures.flow import FlowLogProbs, compute_flow_metrics, decide_flow
+from collapsecheck.measures.metrics import CrossLogProbs, compute_metrics
+from collapsecheck.measures.verdict import decide
+from collapsecheck.reports.dump import read_dump, read_flow
 from collapsecheck.settings import DEFAULT_NEGATIVES, swap_count
-from collapsecheck.verdict import decide
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -17,7 +17,7 @@ from pathlib import Path
 from bench_scoring import machine, write_section
 
 from collapsecheck import scan
-from collapsecheck.plan import plan_work
+from collapsecheck.runs.cost import plan_work
 from collapsecheck.settings import DEFAULT_NEGATIVES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,12 +5,12 @@ reads mutual information, retrieval accuracy and conditional entropy into a regi
 (see SPEC.md and the RAGEN-2 paper, Wang et al., 2026).
 """
 
+from collapsecheck.engines.reasoning import ReasoningSpec
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.metrics import CrossLogProbs, Estimate, compute_metrics
-from collapsecheck.reasoning import ReasoningSpec
-from collapsecheck.report import Report
-from collapsecheck.scan import scan, score
-from collapsecheck.verdict import Thresholds, Verdict, decide
+from collapsecheck.measures.metrics import CrossLogProbs, Estimate, compute_metrics
+from collapsecheck.measures.verdict import Thresholds, Verdict, decide
+from collapsecheck.reports.report import Report
+from collapsecheck.runs.diagnose import scan, score
 from collapsecheck.version import __version__
 
 __all__ = [

@@ -248,7 +248,7 @@ def check_shard(checkpoint: Path, is_run: bool, outputs: OutputSettings) -> None
         if not f.metadata["directory"] and getattr(outputs, f.name) is not None
     ]
     if written:
-        from collapsecheck.outputs import option_name
+        from collapsecheck.reports.outputs import option_name
 
         raise CollapsecheckError(
             f"a shard writes only the results cache: {', '.join(map(option_name, written))} "
@@ -277,7 +277,7 @@ def finish_gate(
     results: Sequence[Any], junit: Path | None, suite: str, enforce: bool = True
 ) -> None:
     """Write JUnit if asked; when enforcing, name each failing rule and exit 1 if any failed."""
-    from collapsecheck.gate import failures, write_junit
+    from collapsecheck.reports.gate import failures, write_junit
 
     if junit is not None:
         write_junit(junit, suite, results)
@@ -292,9 +292,9 @@ def finish_gate(
 
 def gate_single_report(report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
     """Write a report's outputs, print it, and apply the gate to it."""
-    from collapsecheck.console import print_report
     from collapsecheck.files import write_text_atomic
-    from collapsecheck.gate import check_report, markdown_report
+    from collapsecheck.reports.console import print_report
+    from collapsecheck.reports.gate import check_report, markdown_report
 
     with user_errors():
         results = check_report(report, gate)
@@ -309,10 +309,10 @@ def gate_single_report(report: Any, gate: Any, title: str, outputs: OutputSettin
 
 def gate_run_report(run_report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
     """Write a run's outputs, print its table, and apply the gate to its latest checkpoint."""
-    from collapsecheck.console import print_run
     from collapsecheck.files import write_text_atomic
-    from collapsecheck.gate import check_report, markdown_report
-    from collapsecheck.plot import plot_run
+    from collapsecheck.reports.console import print_run
+    from collapsecheck.reports.gate import check_report, markdown_report
+    from collapsecheck.reports.plot import plot_run
 
     with user_errors():
         latest = run_report.steps[-1]
@@ -334,7 +334,7 @@ def write_prompt_outputs(
     report: Any, outputs: OutputSettings, prompt_file: Path | None, settings: Settings
 ) -> None:
     """--per-prompt and --keep-prompts (when the report has the SNR section to keep from)."""
-    from collapsecheck.outputs import write_kept_prompts, write_per_prompt_table
+    from collapsecheck.reports.outputs import write_kept_prompts, write_per_prompt_table
 
     write_per_prompt_table(report, outputs.per_prompt)
     if outputs.keep_prompts is not None and report.snr is not None and prompt_file is not None:
@@ -348,7 +348,7 @@ def write_prompt_outputs(
 def trainer_rollouts_of(checkpoint: Path, is_run: bool, rollouts: Path | None, sample: bool) -> Any:
     """The run's own rollouts when they are to be scored (`rollout_runs.RunRollouts`), else
     None: the scan samples."""
-    from collapsecheck.rollout_runs import find_run_rollouts
+    from collapsecheck.runs.rollout_run import find_run_rollouts
 
     if rollouts is not None and sample:
         raise CollapsecheckError(
@@ -378,10 +378,10 @@ def score_run_rollouts(
 ) -> Any:  # fmt: skip
     """`scan RUN` from the rollouts its trainer wrote: the plan, then the run report (None
     after --dry-run)."""
-    from collapsecheck.console import progress_bars
-    from collapsecheck.outputs import check_outputs, option_name
-    from collapsecheck.rollout_runs import prepare_run_rollouts, score_run
-    from collapsecheck.runs import with_baseline
+    from collapsecheck.reports.console import progress_bars
+    from collapsecheck.reports.outputs import check_outputs, option_name
+    from collapsecheck.runs.rollout_run import prepare_run_rollouts, score_run
+    from collapsecheck.runs.run import with_baseline
 
     if where.shard is not None or where.ray is not None:
         raise CollapsecheckError(
@@ -497,18 +497,18 @@ def scan(
     ] = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
-    from collapsecheck.console import print_notes, progress_bars
-    from collapsecheck.discovery import find_checkpoints
-    from collapsecheck.distribute import (
+    from collapsecheck.inputs.discovery import find_checkpoints
+    from collapsecheck.reports.console import print_notes, progress_bars
+    from collapsecheck.reports.outputs import check_outputs
+    from collapsecheck.runs.diagnose import scan as run_scan
+    from collapsecheck.runs.executors import (
         connect_ray,
         plan_scan,
         resolve_shard,
         scan_on_ray,
         scan_share,
     )
-    from collapsecheck.outputs import check_outputs
-    from collapsecheck.runs import cached_scan, scan_run, with_baseline
-    from collapsecheck.scan import scan as run_scan
+    from collapsecheck.runs.run import cached_scan, scan_run, with_baseline
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
@@ -636,14 +636,14 @@ def score(
     ] = None,
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
-    from collapsecheck.console import progress_bars
-    from collapsecheck.outputs import (
+    from collapsecheck.inputs.rollouts import RolloutOptions, parse_rollouts
+    from collapsecheck.reports.console import progress_bars
+    from collapsecheck.reports.outputs import (
         check_keep_rollout_prompts,
         check_outputs,
         write_kept_rollout_prompts,
     )
-    from collapsecheck.rollouts import RolloutOptions, parse_rollouts
-    from collapsecheck.scan import score as run_score
+    from collapsecheck.runs.diagnose import score as run_score
 
     settings = Settings(
         load=load, prompts=rendering, scoring=scoring, analysis=analysis, rewards=rewards
@@ -689,10 +689,10 @@ def obtain_report(
 ) -> Any:  # fmt: skip
     """A saved report (a report.json, or a dump directory), else a cached scan of the
     checkpoint at `path`."""
-    from collapsecheck.discovery import find_checkpoints
-    from collapsecheck.dump import REPORT_FILE
-    from collapsecheck.report import Report
-    from collapsecheck.runs import cached_scan
+    from collapsecheck.inputs.discovery import find_checkpoints
+    from collapsecheck.reports.dump import REPORT_FILE
+    from collapsecheck.reports.report import Report
+    from collapsecheck.runs.run import cached_scan
 
     if path.is_file():
         return Report.load(path)
@@ -744,13 +744,13 @@ def compare(
     rescan: Rescan = False,
 ) -> None:
     """Did checkpoint B lose input dependence relative to A, beyond noise?"""
-    from collapsecheck.cache import default_cache_root
-    from collapsecheck.compare import compare_reports
     from collapsecheck.config import load_gate
-    from collapsecheck.console import print_comparison, progress_bars
     from collapsecheck.files import write_text_atomic
-    from collapsecheck.gate import RuleResult, markdown_report
-    from collapsecheck.outputs import check_outputs
+    from collapsecheck.reports.compare import compare_reports
+    from collapsecheck.reports.console import print_comparison, progress_bars
+    from collapsecheck.reports.gate import RuleResult, markdown_report
+    from collapsecheck.reports.outputs import check_outputs
+    from collapsecheck.runs.cache import default_cache_root
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
@@ -773,7 +773,7 @@ def compare(
             write_text_atomic(outputs.markdown, markdown_report(f"{a} vs {b}", second, results))
     print_comparison(stdout, comparison)
     with user_errors():
-        finish_gate(results, outputs.junit, "collapsecheck.compare", enforce=gate_exit)
+        finish_gate(results, outputs.junit, "collapsecheck.reports.compare", enforce=gate_exit)
 
 
 @app.command()
@@ -818,7 +818,7 @@ def _terminated(signum: int, frame: Any) -> None:
 def bare_options(argv: Sequence[str]) -> list[str]:
     """`--ray` given with no value (last, or before another option) becomes `--ray=default`:
     typer's options either always or never take a value."""
-    from collapsecheck.distribute import RAY_DEFAULT
+    from collapsecheck.runs.executors import RAY_DEFAULT
 
     return [
         f"--ray={RAY_DEFAULT}"

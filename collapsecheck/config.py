@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.flow import ACTION_COLLAPSE, DECORATIVE, MIXED, FlowThresholds
+from collapsecheck.measures.flow import ACTION_COLLAPSE, DECORATIVE, MIXED, FlowThresholds
+from collapsecheck.measures.verdict import COLLAPSES, REGIMES, Thresholds
 from collapsecheck.settings import setting
-from collapsecheck.verdict import COLLAPSES, REGIMES, Thresholds
 
 CONFIG_FILE = "collapsecheck.toml"
 THRESHOLD_KEYS = ("dependence_high", "dependence_collapsed", "entropy_low")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from collapsecheck.backends.registry import check_engine_names
-from collapsecheck.reasoning import action_spec, reasoning_spec
+from collapsecheck.engines.backends.registry import check_engine_names
+from collapsecheck.engines.reasoning import action_spec, reasoning_spec
 from collapsecheck.settings import GROUPS, LoadSettings, ScoringSettings, Settings
 
 

@@ -319,7 +319,8 @@ SCAN, SCORE, COMPARE = "scan", "score", "compare"
 @dataclass(frozen=True)
 class OutputSettings:
     """What a command writes beside what it prints. A new output is one field here, its
-    writer in `collapsecheck.outputs`; every path is checked writable before any model loads."""
+    writer in `collapsecheck.reports.outputs`; every path is checked writable before any
+    model loads."""
 
     json_path: Path | None = output(
         "Write the JSON report.", flags=("--json",), commands=(SCAN, SCORE, COMPARE)

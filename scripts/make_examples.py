@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from collapsecheck import scan
-from collapsecheck.backends.base import SamplingParams, no_progress
-from collapsecheck.backends.hf import TransformersBackend
-from collapsecheck.prompts import Prompt, load_prompts, render_prompt
+from collapsecheck.engines.backends.base import SamplingParams, no_progress
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.inputs.prompts import Prompt, load_prompts, render_prompt
 from collapsecheck.settings import LoadSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "rewards"))

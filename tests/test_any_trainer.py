@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from collapsecheck import scan, score
-from collapsecheck.dump import read_dump_samples
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.integrations.any_trainer import diagnose_batch
+from collapsecheck.reports.dump import read_dump_samples
 from tests.conftest import HEALTHY, PROMPTS
 
 SETTINGS = {"device": "cpu", "bootstrap": 200}

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
-from collapsecheck.dump import read_dump, read_flow
-from collapsecheck.flow import FLOW_KEYS, compute_flow_metrics
-from collapsecheck.metrics import compute_metrics
-from collapsecheck.report import Report, metric_to_json
+from collapsecheck.measures.flow import FLOW_KEYS, compute_flow_metrics
+from collapsecheck.measures.metrics import compute_metrics
+from collapsecheck.reports.dump import read_dump, read_flow
+from collapsecheck.reports.report import Report, metric_to_json
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
 
 FAST = ["-p", str(PROMPTS), "-n", "6", "-k", "4", "--max-new-tokens", "64", "--device", "cpu"]

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
-from collapsecheck.distribute import Shard, parse_shard, slurm_shard
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.plan import plan_work
+from collapsecheck.runs.cost import plan_work
+from collapsecheck.runs.executors import Shard, parse_shard, slurm_shard
 from tests.conftest import EXAMPLES, PROMPTS
 
 RUN = EXAMPLES / "demo-run"

@@ -10,13 +10,13 @@ from typer.testing import CliRunner
 
 from collapsecheck import scan, score
 from collapsecheck.cli import app
-from collapsecheck.errors import CollapsecheckError
-from collapsecheck.reasoning import (
+from collapsecheck.engines.reasoning import (
     ReasoningSpec,
     closes_reasoning,
     locate_reasoning,
     opens_reasoning,
 )
+from collapsecheck.errors import CollapsecheckError
 from tests.conftest import EXAMPLES, PROMPTS
 
 FAMILIES = EXAMPLES / "checkpoints" / "families"
@@ -88,7 +88,7 @@ def test_r1_style_rollouts_score_as_the_scan(r1_scan, tmp_path):
              "response_ids": t["response_ids"]} for t in traces]  # fmt: skip
     path = tmp_path / "rollouts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from collapsecheck.rollouts import RolloutOptions
+    from collapsecheck.inputs.rollouts import RolloutOptions
 
     again = score(R1, path, rollout_options=RolloutOptions(response_ids_field="response_ids"),
                   device="cpu", bootstrap=200)  # fmt: skip

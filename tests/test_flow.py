@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from collapsecheck import scan
 from collapsecheck.cli import app
-from collapsecheck.flow import FlowLogProbs, compute_flow_metrics, decide_flow
-from collapsecheck.metrics import Estimate
+from collapsecheck.measures.flow import FlowLogProbs, compute_flow_metrics, decide_flow
+from collapsecheck.measures.metrics import Estimate
 from tests.conftest import EXAMPLES, HEALTHY, PROMPTS
 
 N, K = 4, 3

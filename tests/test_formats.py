@@ -11,8 +11,8 @@ import torch
 import torch.multiprocessing as mp
 
 from collapsecheck import scan
-from collapsecheck.checkpoint import require_checkpoint
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.checkpoint import require_checkpoint
 from tests.conftest import HEALTHY, PROMPTS
 
 FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "bootstrap": 100}
@@ -188,7 +188,7 @@ def make_hf_folder_files(destination):
 
 def test_a_trl_output_dir_with_step_checkpoints_is_a_run(tmp_path):
     """`trainer.save_model(output_dir)` leaves a model in output_dir beside checkpoint-N/."""
-    from collapsecheck.discovery import find_checkpoints
+    from collapsecheck.inputs.discovery import find_checkpoints
 
     root = tmp_path / "output"
     shutil.copytree(HEALTHY, root)

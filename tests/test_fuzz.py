@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from collapsecheck.config import find_config, gate_from_table
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.prompts import load_prompts
-from collapsecheck.report import Report
-from collapsecheck.rollouts import RolloutOptions, read_rollouts
+from collapsecheck.inputs.prompts import load_prompts
+from collapsecheck.inputs.rollouts import RolloutOptions, read_rollouts
+from collapsecheck.reports.report import Report
 
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip

@@ -4,9 +4,9 @@ checkpoints and trainer_state.json files read as TRL wrote them, and the three f
 
 import pytest
 
-from collapsecheck.discovery import find_checkpoints
-from collapsecheck.runs import scan_run
-from collapsecheck.training_logs import read_log
+from collapsecheck.inputs.discovery import find_checkpoints
+from collapsecheck.inputs.training_logs import read_log
+from collapsecheck.runs.run import scan_run
 from tests.conftest import EXAMPLES, PROMPTS, ROOT
 
 GRPO = EXAMPLES / "grpo-run"

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from collapsecheck.metrics import (
+from collapsecheck.measures.metrics import (
     CrossLogProbs,
     Estimate,
     PromptCounts,

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from collapsecheck import scan
-from collapsecheck.cross_scoring import chosen_swaps, negative_groups
-from collapsecheck.dump import read_dump, read_flow
-from collapsecheck.flow import FlowLogProbs, flow_rows
-from collapsecheck.metrics import matched_and_marginal
-from collapsecheck.plan import plan_work
+from collapsecheck.engines.cross_scoring import chosen_swaps, negative_groups
+from collapsecheck.measures.flow import FlowLogProbs, flow_rows
+from collapsecheck.measures.metrics import matched_and_marginal
+from collapsecheck.reports.dump import read_dump, read_flow
+from collapsecheck.runs.cost import plan_work
 from collapsecheck.settings import DEFAULT_NEGATIVES, Settings
 from tests.conftest import HEALTHY, PROMPTS
 

@@ -79,7 +79,7 @@ def test_an_internal_error_is_never_exit_1(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(sys.modules["collapsecheck.scan"], "diagnose", broken)
+    monkeypatch.setattr(sys.modules["collapsecheck.runs.diagnose"], "diagnose", broken)
     result = invoke("scan", HEALTHY, *FAST)
     assert result.exit_code == 3
     assert "internal error: a bug (RuntimeError)" in result.output

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.prompts import Prompt, load_prompts, render_prompt
+from collapsecheck.inputs.prompts import Prompt, load_prompts, render_prompt
 
 
 def write(path, text):

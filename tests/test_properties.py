@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collapsecheck.metrics import CrossLogProbs, PromptCounts, compute_metrics, point_value
+from collapsecheck.measures.metrics import CrossLogProbs, PromptCounts, compute_metrics, point_value
 
 KEYS = ("mi_estimate", "mi_seq_estimate", "retrieval_accuracy", "retrieval_accuracy@2",
         "retrieval_accuracy@4", "normalized_mi", "retrieval_skill",

@@ -89,8 +89,8 @@ def test_identical_reasoning_from_elsewhere_is_a_mismatch_at_chance(tmp_path):
 
 
 def test_scoring_interrupted_resumes_from_the_saved_samples(tmp_path):
-    from collapsecheck.checkpoint import require_checkpoint
-    from collapsecheck.runs import cached_scan
+    from collapsecheck.inputs.checkpoint import require_checkpoint
+    from collapsecheck.runs.run import cached_scan
 
     checkpoint = require_checkpoint(HEALTHY)
     complete = cached_scan(checkpoint, PROMPTS, cache_root=tmp_path / "a", **FAST)

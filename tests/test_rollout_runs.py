@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from collapsecheck import score
 from collapsecheck.cli import app
-from collapsecheck.discovery import RunCheckpoint
-from collapsecheck.rollout_runs import pair_rollouts
-from collapsecheck.trainer_rollouts import RolloutFile
+from collapsecheck.inputs.discovery import RunCheckpoint
+from collapsecheck.inputs.trainer_rollouts import RolloutFile
+from collapsecheck.runs.rollout_run import pair_rollouts
 from tests.conftest import EXAMPLES, PROMPTS, ROOT
 
 TRL_RUN = ROOT / "tests" / "fixtures" / "trl-grpo-completions"  # completions at steps 2, 4, 6

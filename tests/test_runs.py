@@ -6,14 +6,14 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from collapsecheck.discovery import discover_run, find_checkpoints, step_number
-from collapsecheck.dump import REPORT_FILE
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
-from collapsecheck.metrics import Estimate
-from collapsecheck.onset import collapse_onset, detect_onset, mi_drop_onset
-from collapsecheck.plot import plot_run
-from collapsecheck.runs import scan_run
+from collapsecheck.inputs.discovery import discover_run, find_checkpoints, step_number
+from collapsecheck.measures.metrics import Estimate
+from collapsecheck.measures.onset import collapse_onset, detect_onset, mi_drop_onset
+from collapsecheck.reports.dump import REPORT_FILE
+from collapsecheck.reports.plot import plot_run
+from collapsecheck.runs.run import scan_run
 from tests.conftest import HEALTHY, PROMPTS, RUN
 
 # 16 prompts x 8 samples: enough to see the 15% templates of step 200 beyond noise

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from collapsecheck.backends.base import SamplingParams, no_progress
-from collapsecheck.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.base import SamplingParams, no_progress
+from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.prompts import load_prompts, render_prompt
+from collapsecheck.inputs.prompts import load_prompts, render_prompt
 from collapsecheck.settings import LoadSettings, SamplingSettings
 from tests.conftest import HEALTHY, PROMPTS
 

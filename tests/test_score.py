@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from collapsecheck import scan, score
 from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.prompts import load_prompts
-from collapsecheck.rollouts import RolloutOptions
+from collapsecheck.inputs.prompts import load_prompts
+from collapsecheck.inputs.rollouts import RolloutOptions
 from tests.conftest import EXAMPLES, HEALTHY, PROMPTS
 
 SCORE = {"device": "cpu", "bootstrap": 200}

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from collapsecheck.backends.base import ScoreRequest, no_progress
-from collapsecheck.backends.hf import (
+from collapsecheck.engines.backends.base import ScoreRequest, no_progress
+from collapsecheck.engines.backends.hf import (
     TransformersBackend,
     common_prefix_length,
     length_batches,

@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 from collapsecheck import scan
-from collapsecheck.backends.registry import BACKENDS, SCORER_NAMES, scorer_backend
 from collapsecheck.cli import app
+from collapsecheck.engines.backends.registry import BACKENDS, SCORER_NAMES, scorer_backend
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.runs import cached_scan
+from collapsecheck.runs.run import cached_scan
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import GROUPS, LoadSettings, Settings
 from tests.conftest import HEALTHY, PROMPTS
@@ -84,7 +84,7 @@ def test_only_settings_that_change_numbers_key_the_cache():
 
 
 def test_a_batch_flag_reuses_the_cache_and_a_seed_does_not(tmp_path):
-    from collapsecheck.checkpoint import require_checkpoint
+    from collapsecheck.inputs.checkpoint import require_checkpoint
 
     checkpoint = require_checkpoint(HEALTHY)
     first = cached_scan(checkpoint, PROMPTS, cache_root=tmp_path, **FAST)
@@ -107,7 +107,7 @@ def test_every_scorer_has_one_backend_and_every_backend_loads():
 
 
 def test_the_backend_of_a_python_call_builds_from_load_settings():
-    from collapsecheck.backends.hf import TransformersBackend
+    from collapsecheck.engines.backends.hf import TransformersBackend
 
     backend = TransformersBackend.from_checkpoint(HEALTHY, LoadSettings(device="cpu"), "naive")
     assert backend.describe()["scorer"] == "naive"

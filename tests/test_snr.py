@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from collapsecheck import scan, score
 from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.snr import (
+from collapsecheck.measures.snr import (
     PromptRewards,
     RowStatistics,
     quartile_groups,

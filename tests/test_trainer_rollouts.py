@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.prompts import plain_value
-from collapsecheck.trainer_rollouts import trainer_rollouts
+from collapsecheck.inputs.prompts import plain_value
+from collapsecheck.inputs.trainer_rollouts import trainer_rollouts
 from tests.conftest import ROOT
 
 TRL_RUN = ROOT / "tests" / "fixtures" / "trl-grpo-completions"

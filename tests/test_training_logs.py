@@ -13,9 +13,16 @@ from typer.testing import CliRunner
 
 from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.findings import Window, find, series_keys, shown_series, step_windows, window
-from collapsecheck.metrics import Estimate
-from collapsecheck.training_logs import find_log, read_log
+from collapsecheck.inputs.training_logs import find_log, read_log
+from collapsecheck.measures.findings import (
+    Window,
+    find,
+    series_keys,
+    shown_series,
+    step_windows,
+    window,
+)
+from collapsecheck.measures.metrics import Estimate
 from tests.conftest import PROMPTS, ROOT, RUN
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from collapsecheck.metrics import Estimate
-from collapsecheck.verdict import Thresholds, decide
+from collapsecheck.measures.metrics import Estimate
+from collapsecheck.measures.verdict import Thresholds, decide
 
 LOG_N = 2.772588722239781  # 16 prompts
 TOKENS = 20  # reasoning tokens per trace

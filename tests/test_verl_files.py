@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from collapsecheck import scan
-from collapsecheck.checkpoint import load_model, require_checkpoint
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.checkpoint import load_model, require_checkpoint
 from collapsecheck.settings import LoadSettings
 from tests.conftest import PROMPTS, ROOT
 

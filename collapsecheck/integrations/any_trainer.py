@@ -14,17 +14,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from collapsecheck.backends.base import Sample
-from collapsecheck.backends.function import DEFAULT_CALL_SIZE, FunctionBackend, LogLikelihood
+from collapsecheck.engines.backends.base import Sample
+from collapsecheck.engines.backends.function import (
+    DEFAULT_CALL_SIZE,
+    FunctionBackend,
+    LogLikelihood,
+)
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.flow import FlowThresholds
+from collapsecheck.inputs.prompts import Prompt, RenderedPrompt
+from collapsecheck.measures.flow import FlowThresholds
+from collapsecheck.measures.verdict import Thresholds
 from collapsecheck.progress import ProgressHook, silent
-from collapsecheck.prompts import Prompt, RenderedPrompt
-from collapsecheck.report import Report
-from collapsecheck.scan import Diagnosis, diagnose, prepare, require_two_prompts, utc_now
+from collapsecheck.reports.report import Report
+from collapsecheck.runs.diagnose import Diagnosis, diagnose, prepare, require_two_prompts, utc_now
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import Settings, resolve_settings
-from collapsecheck.verdict import Thresholds
 
 __all__ = ["LogLikelihood", "diagnose_batch"]
 

@@ -46,18 +46,18 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from collapsecheck.backends.hf import TransformersBackend
 from collapsecheck.config import GateConfig, parse_fail_on
+from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
-from collapsecheck.flow import FlowThresholds
-from collapsecheck.gate import check_report, failures
-from collapsecheck.report import Report
-from collapsecheck.scan import read_prompt_set, scan, score
+from collapsecheck.inputs.trainer_rollouts.trl_completions import completion_row
+from collapsecheck.measures.flow import FlowThresholds
+from collapsecheck.measures.verdict import Thresholds
+from collapsecheck.reports.gate import check_report, failures
+from collapsecheck.reports.report import Report
+from collapsecheck.runs.diagnose import read_prompt_set, scan, score
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import Settings, resolve_settings
-from collapsecheck.trainer_rollouts.trl_completions import completion_row
-from collapsecheck.verdict import Thresholds
 
 __all__ = ["CollapseCallback"]
 

@@ -9,11 +9,16 @@ import psutil
 import pytest
 
 from collapsecheck import scan
-from collapsecheck.backends.base import SamplingParams, ScoreRequest, SplitBackend, no_progress
-from collapsecheck.backends.hf import TransformersBackend
-from collapsecheck.backends.vllm import VLLMBackend
-from collapsecheck.checkpoint import require_checkpoint
-from collapsecheck.prompts import load_prompts, render_prompt
+from collapsecheck.engines.backends.base import (
+    SamplingParams,
+    ScoreRequest,
+    SplitBackend,
+    no_progress,
+)
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.vllm import VLLMBackend
+from collapsecheck.inputs.checkpoint import require_checkpoint
+from collapsecheck.inputs.prompts import load_prompts, render_prompt
 from collapsecheck.settings import LoadSettings
 from tests.conftest import HEALTHY, PROMPTS
 

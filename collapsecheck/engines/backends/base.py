@@ -1,0 +1,188 @@
+"""The backend contract, after lm-evaluation-harness: every model backend does two things,
+(1) sample K responses per prompt and (2) score continuations given contexts. Everything
+above the backends (reasoning extraction, cross-scoring, metrics) works on token ids only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from collapsecheck.progress import Progress, no_progress
+
+if TYPE_CHECKING:
+    from collapsecheck.inputs.formats.base import Checkpoint
+    from collapsecheck.settings import LoadSettings, SamplingSettings
+
+__all__ = ["Backend", "Progress", "Sample", "SamplingParams", "ScoreRequest", "no_progress"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """SPEC "Sampling": what a backend's `generate` needs (validated in SamplingSettings)."""
+
+    k: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0
+
+    @classmethod
+    def of(cls, sampling: SamplingSettings, seed: int) -> SamplingParams:
+        return cls(sampling.k, sampling.temperature, sampling.top_p, sampling.max_new_tokens, seed)
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def prompt_seed(seed: int, prompt_index: int) -> int:
+    """The sampling seed of one prompt: its traces depend on (seed, index) alone, not on
+    which other prompts are in the set or how they are batched."""
+    return int(np.random.SeedSequence([seed, prompt_index]).generate_state(1)[0])
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response: its token ids (stop token excluded) and whether the length
+    limit cut it before a stop token."""
+
+    ids: tuple[int, ...]
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score `continuation[scored_from:]` given `context + continuation[:scored_from]`.
+
+    Keeping the shared context (a prompt) apart from the per-request part lets a backend
+    compute each distinct context once. `stem`, when set, says that `continuation[:stem]` is
+    shared with other requests of the same context (a reasoning trace whose actions follow):
+    a backend may run it once and branch from it. It never changes the value.
+    """
+
+    context: tuple[int, ...]
+    continuation: tuple[int, ...]
+    scored_from: int = 0
+    stem: int | None = None
+
+    @property
+    def stem_length(self) -> int:
+        return len(self.continuation) if self.stem is None else self.stem
+
+
+class Backend(Protocol):
+    """What every model backend provides. A backend is registered by name in
+    `collapsecheck.engines.backends.registry` and builds itself with `from_checkpoint`."""
+
+    name: str
+    tokenizer: Any  # a transformers tokenizer: renders prompts, decodes responses
+    max_length: int | None  # the model's context length in tokens, where known
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Checkpoint, settings: LoadSettings, scorer: str | None
+    ) -> Backend:
+        """Load a checkpoint; `scorer` names this backend's scorer, None when it only samples."""
+        ...
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
+    ) -> list[list[Sample]]:
+        """K samples for each prompt (given as token ids), seeded per prompt."""
+        ...
+
+    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
+        """Sum of log-probabilities of each request's scored tokens (float64, one per request)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids to text, special tokens kept, no clean-up."""
+        ...
+
+    def describe(self) -> dict[str, str]:
+        """Backend, device, dtype and scorer, for the report's settings."""
+        ...
+
+    def close(self) -> None:
+        """Release the model and its engine (worker processes, device memory)."""
+        ...
+
+
+def stop_token_ids(*sources: int | Iterable[int] | None) -> list[int]:
+    """End-of-sequence ids, in the order of their sources (generation config, tokenizer),
+    each once."""
+    ids: list[int] = []
+    for source in sources:
+        tokens = [source] if source is None or isinstance(source, int) else list(source)
+        ids += [int(t) for t in tokens if t is not None and int(t) not in ids]
+    return ids
+
+
+def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Token ids to text, special tokens kept, no clean-up: what every backend's decode is."""
+    return tokenizer.decode(
+        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
+
+
+class SplitBackend:
+    """Samples with one backend and scores with another over the same checkpoint (vLLM
+    sampling with the transformers scorer, say).
+
+    Given a loader instead of a scorer, it runs the phases in order with one copy of the
+    weights on the device at a time: sampling, then the sampler is closed (a vLLM engine's
+    workers stop and its memory is returned), then the scorer loads, at the first scoring
+    call. A scorer given already loaded is used as it is, and the sampler is left open.
+    """
+
+    name = "split"
+
+    def __init__(self, sampler: Backend, scorer: Backend | Callable[[], Backend]) -> None:
+        self.sampler: Backend | None = sampler
+        self.tokenizer = sampler.tokenizer
+        self.max_length = sampler.max_length
+        self._sampling = sampler.describe()
+        if callable(scorer) and not hasattr(scorer, "loglikelihood"):
+            self.scorer: Backend | None = None
+            self._load_scorer: Callable[[], Backend] | None = scorer
+        else:
+            self.scorer, self._load_scorer = scorer, None  # type: ignore[assignment]
+            if scorer.max_length is not None:
+                self.max_length = min(self.max_length or scorer.max_length, scorer.max_length)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
+    ) -> list[list[Sample]]:
+        if self.sampler is None:
+            raise RuntimeError("the sampler was closed before sampling")
+        return self.sampler.generate(prompts, params, progress)
+
+    def _scoring_backend(self) -> Backend:
+        if self.scorer is None:
+            if self.sampler is not None:
+                self.sampler.close()
+                self.sampler = None
+            self.scorer = self._load_scorer()  # type: ignore[misc]
+        return self.scorer
+
+    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
+        return self._scoring_backend().loglikelihood(requests, progress)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return decode_ids(self.tokenizer, ids)
+
+    def describe(self) -> dict[str, str]:
+        scoring = self._scoring_backend().describe()
+        return {
+            **scoring,
+            "backend": f"{self._sampling['backend']} sampling, {scoring['backend']} scoring",
+        }
+
+    def close(self) -> None:
+        for backend in (self.sampler, self.scorer):
+            if backend is not None:
+                backend.close()
+        self.sampler = self.scorer = None

@@ -1,0 +1,608 @@
+"""The transformers backend: sampling with the model's own key/value cache, and two scorers.
+
+- `cached` (default): each distinct context (a prompt) is run once; its key/value cache is
+  copied to a batch of continuations, which are packed by length (right padding).
+- `naive` (reference, SPEC-exact by construction): one plain forward pass over
+  [context | continuation] for every request.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from collapsecheck.engines.backends.base import (
+    Progress,
+    Sample,
+    SamplingParams,
+    ScoreRequest,
+    decode_ids,
+    prompt_seed,
+    stop_token_ids,
+)
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.checkpoint import (
+    Checkpoint,
+    load_model,
+    load_tokenizer,
+    require_checkpoint,
+    resolve_device,
+    resolve_dtype,
+)
+from collapsecheck.settings import DEFAULT_SAMPLE_BATCH, LoadSettings
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
+    """Indices grouped longest first so that (batch size x longest length) <= max_tokens and
+    each batch's lengths are over half its longest (padding at most doubles the work)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batch: list[int] = []
+    for index in order:
+        longest = lengths[batch[0]] if batch else lengths[index]
+        if batch and ((len(batch) + 1) * longest > max_tokens or 2 * lengths[index] <= longest):
+            yield batch
+            batch = []
+        batch.append(index)
+    if batch:
+        yield batch
+
+
+AUTO = "auto"
+CPU_SCORING_BUDGET = 2 * 2**30  # bytes of activations a CPU scoring batch may use
+GPU_BUDGET_SHARE = 0.5  # share of the free GPU memory a scoring batch may use
+
+
+def auto_batch_tokens(model: Any) -> int:
+    """Tokens per scoring batch that fit the memory at hand: a budget (half the free GPU
+    memory, or 2 GiB on CPU) over a per-token estimate (float32 logits and their log-softmax
+    work space, key/values, activations). A heuristic: the out-of-memory guard backs it up."""
+    config = model.config.get_text_config()
+    element = next(model.parameters()).element_size()
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    per_token = (
+        4 * config.vocab_size * 4  # logits (float32), log-softmax temporaries
+        + 2 * layers * heads * head_dim * element  # keys and values
+        + 16 * hidden * element  # activations of one layer
+    )
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * GPU_BUDGET_SHARE
+    else:
+        budget = CPU_SCORING_BUDGET
+    return int(min(max(budget // per_token, 256), 2**17))
+
+
+def resolve_batch_tokens(value: int | str, model: Any) -> int:
+    """--batch-tokens (checked in LoadSettings): a number, or `auto` sized to the memory."""
+    return auto_batch_tokens(model) if value == AUTO else int(value)
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the prefix all sequences share, kept shorter than the shortest one so that
+    every sequence still has a token of its own to predict from."""
+    if not sequences:
+        return 0
+    shortest = min(len(s) for s in sequences)
+    length = 0
+    while length < shortest - 1 and all(s[length] == sequences[0][length] for s in sequences):
+        length += 1
+    return length
+
+
+LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
+
+
+def float32_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the vocabulary in float32: logits (B, T, V) -> (B, T). Works through a
+    few rows at a time, so the float32 work space stays small whatever the batch and the
+    model's dtype."""
+    out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], LOGPROB_ROWS):
+        rows = slice(start, start + LOGPROB_ROWS)
+        out[rows] = torch.logsumexp(logits[rows].float(), dim=-1)
+    return out
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] in float32: logits (B, T, V), targets (B, T) -> (B, T)."""
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
+    return picked - float32_logsumexp(logits)
+
+
+def predicted_logprobs(
+    logits: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """log p(ids[b, t]) in float32 when the token is predicted by the logits at position
+    `predictor[b, t]` of its row, or by `first_logits` (1, V) where that is -1: a stem
+    token by the one before it, a branch's first token by the stem token it leaves after."""
+    rows = torch.arange(ids.shape[0], device=ids.device)[:, None]
+    at = predictor.clamp(min=0)
+    picked = logits[rows, at, ids].float() - float32_logsumexp(logits)[rows, at]
+    first = first_logits[0, ids].float() - torch.logsumexp(first_logits[0].float(), dim=-1)
+    return torch.where(predictor >= 0, picked, first)
+
+
+def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """Per-row sum of the masked log-probabilities, in float64 on the host."""
+    return (logprobs.double() * mask).sum(dim=1).cpu().numpy()
+
+
+def _right_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out.to(device)
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[torch.Tensor, ...]:
+    """Left-padded ids and their attention mask, for decoding several prompts together."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _positions_mask(starts: Sequence[int], ends: Sequence[int], width: int) -> torch.Tensor:
+    position = torch.arange(width)[None, :]
+    return (position >= torch.tensor(starts)[:, None]) & (position < torch.tensor(ends)[:, None])
+
+
+def _select_rows(cache: Any, rows: torch.Tensor) -> Any:
+    """A cache holding the given batch rows of `cache`, which stays as it is: each layer's
+    keys and values are indexed into new tensors, and nothing else is copied."""
+    clone = copy.copy(cache)
+    clone.layers = [copy.copy(layer) for layer in cache.layers]
+    clone.reorder_cache(rows)
+    return clone
+
+
+def _common_branch(tails: dict[tuple[tuple[int, ...], int], list[int]]) -> tuple[int, ...]:
+    """Of the tokens after a stem (with where their scoring starts, and the requests that
+    ask for them), those that most requests continue with (none if none does): the stem's
+    own pass runs them, so those requests need no branch of their own."""
+    counts: Counter[tuple[int, ...]] = Counter()
+    for (tail, _), indices in tails.items():
+        if tail:
+            counts[tail] += len(indices)
+    return max(counts, key=counts.__getitem__) if counts else ()
+
+
+@dataclass
+class _StemGroup:
+    """The rows of one context, each a stem with its branches, and the context's key/value
+    cache."""
+
+    cache: Any
+    first_logits: torch.Tensor  # the context's logits for the first stem token
+    sequences: list[_Sequence]
+    out: np.ndarray
+
+
+class TransformersBackend:
+    """Backend over a transformers causal LM loaded from a local checkpoint directory."""
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        scorer: str = "cached",
+        batch_tokens: int | str = AUTO,
+        sample_batch: int = DEFAULT_SAMPLE_BATCH,
+    ) -> None:
+        embeddings = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > embeddings:
+            raise CollapsecheckError(
+                f"the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+                f"{embeddings}: they do not belong together"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        config = model.config.get_text_config()
+        self.max_length: int | None = getattr(config, "max_position_embeddings", None)
+        self.scorer = scorer
+        self.batch_tokens = resolve_batch_tokens(batch_tokens, model)
+        self.sample_batch = sample_batch
+        self.device = str(next(model.parameters()).device)
+        generation = getattr(model, "generation_config", None)
+        self.stop_ids = stop_token_ids(
+            getattr(generation, "eos_token_id", None), tokenizer.eos_token_id
+        )
+        self.pad_id = int(self.stop_ids[0]) if self.stop_ids else 0
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: Checkpoint | str | Path,
+        settings: LoadSettings | None = None,
+        scorer: str | None = "cached",
+    ) -> TransformersBackend:
+        """Load a checkpoint of any supported format (see `collapsecheck.inputs.checkpoint`)."""
+        settings = settings or LoadSettings()
+        if not isinstance(checkpoint, Checkpoint):
+            checkpoint = require_checkpoint(checkpoint, settings.base_model)
+        tokenizer = load_tokenizer(checkpoint, settings.trust_remote_code)
+        device = resolve_device(settings.device)
+        model = load_model(checkpoint, device, resolve_dtype(settings.dtype, device), settings)
+        return cls(
+            model,
+            tokenizer,
+            scorer=scorer or "cached",
+            batch_tokens=settings.batch_tokens,
+            sample_batch=settings.sample_batch,
+        )
+
+    def close(self) -> None:
+        """Drop the model and give its memory back (the next checkpoint loads after this)."""
+        self.model = None
+        gc.collect()
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "backend": self.name,
+            "device": self.device,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "scorer": self.scorer,
+        }
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return decode_ids(self.tokenizer, ids)
+
+    # -- the shared step: run a context once --------------------------------------------
+
+    def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
+        """Key/value cache of one context and the logits that predict its next token."""
+        ids = torch.tensor([list(context)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return out.past_key_values, out.logits[:, -1, :]
+
+    # -- sampling -----------------------------------------------------------------------
+
+    @staticmethod
+    def _next_tokens(
+        logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> torch.Tensor:
+        if not bool(torch.isfinite(logits).all()):
+            raise CollapsecheckError(
+                "the model produced NaN or infinite logits while sampling: no verdict "
+                "(check the checkpoint's weights, or try --dtype float32)"
+            )
+        if params.temperature == 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0))
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    def _sample_batch(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
+        """K samples for each of several prompts, decoded together (prompts left-padded).
+
+        Each prompt draws from its own seeded generator, so its traces do not depend on the
+        sampling order of the others.
+        """
+        k = params.k
+        generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        ids, mask = _left_pad(prompts, self.pad_id, self.device)
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache, logits = out.past_key_values, out.logits[:, -1, :].repeat_interleave(k, dim=0)
+        cache.batch_repeat_interleave(k)
+        mask = mask.repeat_interleave(k, dim=0)
+        position = positions[:, -1:].repeat_interleave(k, dim=0)
+        stops = torch.tensor(self.stop_ids or [-1], device=self.device)
+        finished = torch.zeros(len(prompts) * k, dtype=torch.bool, device=self.device)
+        steps: list[torch.Tensor] = []
+        for _ in range(params.max_new_tokens):
+            tokens = torch.cat(
+                [
+                    self._next_tokens(logits[i * k : (i + 1) * k], params, generator)
+                    for i, generator in enumerate(generators)
+                ]
+            )
+            tokens = torch.where(finished, torch.full_like(tokens, self.pad_id), tokens)
+            steps.append(tokens)
+            finished |= torch.isin(tokens, stops)
+            if bool(finished.all()):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            position = position + 1
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1, :]
+        rows = torch.stack(steps, dim=1).tolist()
+        return [self._split_samples(rows[i * k : (i + 1) * k]) for i in range(len(prompts))]
+
+    def _split_samples(self, rows: list[list[int]]) -> list[Sample]:
+        samples = []
+        for row in rows:
+            stop = next((i for i, token in enumerate(row) if token in self.stop_ids), None)
+            samples.append(Sample(tuple(row[:stop]), truncated=stop is None))
+        return samples
+
+    @torch.inference_mode()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
+    ) -> list[list[Sample]]:
+        per_batch = max(1, self.sample_batch // params.k)
+        results: list[list[Sample]] = []
+        for start in range(0, len(prompts), per_batch):
+            chunk = range(start, min(start + per_batch, len(prompts)))
+            seeds = [prompt_seed(params.seed, i) for i in chunk]
+            results += self._sample_batch([prompts[i] for i in chunk], params, seeds)
+            progress(len(chunk))
+        return results
+
+    # -- scoring ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
+        out = np.zeros(len(requests), dtype=np.float64)
+        if self.scorer == "naive":
+            self._score_naive(requests, out, progress)
+        else:
+            self._score_cached(requests, out, progress)
+        return out
+
+    def _score_batches(
+        self,
+        members: Sequence[int],
+        lengths: Sequence[int],
+        score: Callable[[list[int]], int],
+        progress: Progress,
+    ) -> None:
+        """Score `members` in length-packed batches; `score` writes the values of a batch and
+        says how many requests they answered. On a CUDA out-of-memory error the batch is split
+        in two and retried, and later batches use the halved token budget."""
+        pending = [
+            [members[p] for p in batch] for batch in length_batches(lengths, self.batch_tokens)
+        ]
+        while pending:
+            batch = pending.pop(0)
+            try:
+                done = score(batch)
+            except torch.OutOfMemoryError:
+                if len(batch) == 1:
+                    raise CollapsecheckError(
+                        "out of memory scoring a single sequence: lower --max-new-tokens or "
+                        "use a device with more memory"
+                    ) from None
+                if self.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                self.batch_tokens = max(1, self.batch_tokens // 2)
+                half = len(batch) // 2
+                pending[:0] = [batch[:half], batch[half:]]
+                continue
+            progress(done)
+
+    def _score_naive(
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
+    ) -> None:
+        def score(batch: list[int]) -> int:
+            rows = [requests[i].context + requests[i].continuation for i in batch]
+            ids = _right_pad(rows, self.pad_id, self.device)
+            attention = _positions_mask([0] * len(rows), [len(r) for r in rows], ids.shape[1])
+            logits = self.model(input_ids=ids, attention_mask=attention.to(self.device)).logits
+            # logits[:, t] predicts ids[:, t + 1]
+            starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
+            ends = [len(r) - 1 for r in rows]
+            mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
+            out[batch] = masked_sums(token_logprobs(logits[:, :-1], ids[:, 1:]), mask)
+            return len(batch)
+
+        lengths = [len(r.context) + len(r.continuation) for r in requests]
+        self._score_batches(range(len(requests)), lengths, score, progress)
+
+    def _prefill_contexts(
+        self, contexts: Sequence[tuple[int, ...]]
+    ) -> Iterator[tuple[tuple[int, ...], Any, torch.Tensor]]:
+        """Each context's key/value cache and next-token logits. The prefix that all contexts
+        share (a system prompt, say) is computed once and extended for each."""
+        shared = common_prefix_length(contexts)
+        if len(contexts) < 2 or shared == 0:
+            for context in contexts:
+                yield context, *self._prefill(context)
+            return
+        base, _ = self._prefill(contexts[0][:shared])
+        for context in contexts:
+            cache = copy.deepcopy(base)
+            rest = torch.tensor([list(context[shared:])], dtype=torch.long, device=self.device)
+            out = self.model(
+                input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1
+            )
+            yield context, out.past_key_values, out.logits[:, -1, :]
+
+    def _score_cached(
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
+    ) -> None:
+        """Each distinct context is run once; each distinct stem once on top of it (batched by
+        length), carrying on into its most common branch, with every other branch (an action
+        after a reasoning, say) appended to the same row."""
+        by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            by_context[request.context].append(index)
+        for context, cache, first_logits in self._prefill_contexts(list(by_context)):
+            stems: dict[tuple[int, ...], list[int]] = defaultdict(list)
+            for index in by_context[context]:
+                request = requests[index]
+                stems[request.continuation[: request.stem_length]].append(index)
+            sequences = [_Sequence.of(stem, requests, members) for stem, members in stems.items()]
+            group = _StemGroup(cache, first_logits, sequences, out)
+            score = functools.partial(self._score_stems, group)
+            widths = [len(sequence.ids) for sequence in sequences]
+            self._score_batches(range(len(sequences)), widths, score, progress)
+
+    def _score_stems(self, group: _StemGroup, batch: Sequence[int]) -> int:
+        """Run the sequences `group.sequences[batch]` (each stem carried on into its common
+        branch, its other branches appended) on the context's key/value cache in one forward
+        pass, and write the value of every request they hold."""
+        layout = _RowLayout.of([group.sequences[b] for b in batch], self.device)
+        context_length = group.cache.get_seq_length()
+        one_row = torch.zeros(len(batch), dtype=torch.long, device=self.device)
+        cache = _select_rows(group.cache, one_row)  # the context's one row, once per stem
+        if layout.branched:
+            dtype = next(self.model.parameters()).dtype
+            allowed = layout.allowed(context_length)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+            logits = self.model(
+                input_ids=layout.ids, attention_mask=mask, past_key_values=cache,
+                position_ids=context_length + layout.positions, use_cache=True,
+            ).logits  # fmt: skip
+        else:  # plain rows: causal on the context, right padding after every real token
+            logits = self.model(input_ids=layout.ids, past_key_values=cache, use_cache=True).logits
+        logprobs = predicted_logprobs(logits, group.first_logits, layout.predictor, layout.ids)
+        totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
+        spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
+        values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]
+        group.out[layout.requests] = values.numpy()
+        return len(layout.requests)
+
+
+def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` begin with in common."""
+    shared = 0
+    for mine, theirs in zip(a, b, strict=False):
+        if mine != theirs:
+            break
+        shared += 1
+    return shared
+
+
+@dataclass(frozen=True)
+class _Sequence:
+    """One stem row, its distinct other branches appended, as one sequence: for each token its
+    branch (-1: the row), its offset in that branch, its position, how many row tokens it
+    sees, and the token whose logits predict it (-1: the context's last); for each request it
+    answers, the span of its scored tokens."""
+
+    ids: list[int]
+    branch: list[int]
+    offset: list[int]
+    position: list[int]
+    row_seen: list[int]
+    predictor: list[int]
+    requests: list[int]
+    spans: list[tuple[int, int]]
+
+    @classmethod
+    def of(
+        cls, stem: tuple[int, ...], requests: Sequence[ScoreRequest], members: Sequence[int]
+    ) -> _Sequence:
+        tails: dict[tuple[tuple[int, ...], int], list[int]] = defaultdict(list)
+        for index in members:  # requests asking for the same tokens are laid out once
+            request = requests[index]
+            tails[(request.continuation[len(stem) :], request.scored_from)].append(index)
+        carried = _common_branch(tails)
+        row = stem + carried
+        width = len(row)
+        ids, branch, offset = list(row), [-1] * width, list(range(width))
+        position, row_seen = list(range(width)), list(range(1, width + 1))
+        predictor = list(range(-1, width - 1))
+        starts: dict[tuple[int, tuple[int, ...]], int] = {}
+        order, spans = [], []
+        for (tail, scored_from), indices in tails.items():
+            order += indices
+            if tail == carried[: len(tail)]:  # inside the row
+                spans += [(scored_from, len(stem) + len(tail))] * len(indices)
+                continue
+            # the branch leaves the row after the tokens it shares with it (the mid before
+            # an action, say), but no later than where its scored tokens begin
+            at = min(len(stem) + _shared_length(tail, carried), scored_from)
+            own = (stem + tail)[at:]
+            if (at, own) not in starts:
+                start = starts[(at, own)] = len(ids)
+                ids += own
+                branch += [len(starts) - 1] * len(own)
+                offset += range(len(own))
+                position += range(at, at + len(own))
+                row_seen += [at] * len(own)
+                predictor += [at - 1, *range(start, start + len(own) - 1)]
+            start = starts[(at, own)]
+            spans += [(start + scored_from - at, start + len(own))] * len(indices)
+        return cls(ids, branch, offset, position, row_seen, predictor, order, spans)
+
+
+@dataclass
+class _RowLayout:
+    """Sequences right-padded into model inputs (padding sees only the context)."""
+
+    ids: torch.Tensor
+    branch: torch.Tensor
+    offset: torch.Tensor
+    positions: torch.Tensor
+    row_seen: torch.Tensor
+    predictor: torch.Tensor
+    requests: list[int]
+    spans: list[tuple[int, int, int]]  # (row in the batch, start, end) per request
+
+    @property
+    def branched(self) -> bool:
+        return bool((self.branch >= 0).any())
+
+    @classmethod
+    def of(cls, sequences: Sequence[_Sequence], device: str) -> _RowLayout:
+        lengths = np.array([len(s.ids) for s in sequences])
+        real = np.arange(lengths.max())[None, :] < lengths[:, None]  # row-major, like `flat`
+
+        def padded(field: str, fill: int) -> torch.Tensor:
+            out = np.full(real.shape, fill, dtype=np.int64)
+            out[real] = np.fromiter(chain.from_iterable(getattr(s, field) for s in sequences),
+                                    dtype=np.int64, count=int(lengths.sum()))  # fmt: skip
+            return torch.from_numpy(out).to(device)
+
+        requests = [index for s in sequences for index in s.requests]
+        spans = [(b, *span) for b, s in enumerate(sequences) for span in s.spans]
+        return cls(
+            padded("ids", 0), padded("branch", -2), padded("offset", 0),
+            padded("position", 0), padded("row_seen", 0), padded("predictor", -1),
+            requests, spans,
+        )  # fmt: skip
+
+    def allowed(self, context_length: int) -> torch.Tensor:
+        """(rows, 1, width, context + width): every token sees the context; a row token the
+        row up to itself; a branch token the row before its attach point and its own branch
+        up to itself."""
+        query, key = (slice(None), slice(None), None), (slice(None), None, slice(None))
+        sees_row = (self.branch[key] == -1) & (self.offset[key] < self.row_seen[query])
+        own_branch = (self.branch[key] == self.branch[query]) & (self.branch[query] >= 0)
+        sees_branch = own_branch & (self.offset[key] <= self.offset[query])
+        context = torch.ones(
+            (*self.ids.shape, context_length), dtype=torch.bool, device=self.ids.device
+        )
+        return torch.cat([context, sees_row | sees_branch], dim=-1)[:, None]

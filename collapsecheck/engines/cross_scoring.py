@@ -1,0 +1,238 @@
+"""Cross-scoring (SPEC "The cross log-probability matrix" and "Information flow"): every
+valid trace's reasoning Z scored under every prompt, as continuation of [prompt j | the
+trace's own response prefix]; with the flow, every flow-valid trace's action A under swapped
+inputs and swapped reasoning.
+
+Backend-free: builds `ScoreRequest`s and hands them to whichever backend is in use, all in
+one call, so a backend can run each (prompt, pre + Z) once and branch the actions from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collapsecheck.engines.backends.base import Backend, ScoreRequest
+from collapsecheck.engines.reasoning import Trace
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.measures.flow import FlowLogProbs
+from collapsecheck.measures.metrics import CrossLogProbs
+from collapsecheck.progress import ProgressHook
+from collapsecheck.settings import swap_count
+
+
+@dataclass(frozen=True)
+class FlowScores:
+    """The action matrices plus, per row, which trace it is and how many tokens A has."""
+
+    logprobs: FlowLogProbs
+    row_trace_index: np.ndarray
+    action_tokens: np.ndarray
+
+
+@dataclass(frozen=True)
+class CrossScores:
+    """The matrices plus, per row, which trace it is and how many tokens Z has; the flow's
+    matrices when it was measured."""
+
+    matrix: CrossLogProbs
+    row_trace_index: np.ndarray
+    reasoning_tokens: np.ndarray
+    flow: FlowScores | None = None
+    tokens_scored: int = 0  # continuation tokens whose log-probability was read, all requests
+
+
+def first_of_each(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """For each key, the index of the first equal key (groups of identical sequences)."""
+    first: dict[tuple[int, ...], int] = {}
+    return np.array([first.setdefault(key, i) for i, key in enumerate(keys)], dtype=np.int64)
+
+
+def column_groups(prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    """For each prompt, the index of the first prompt with identical rendered ids."""
+    return first_of_each([tuple(ids) for ids in prompt_ids])
+
+
+def negative_groups(groups: np.ndarray, negatives: int | None, seed: int) -> dict[int, np.ndarray]:
+    """SPEC "Sampled negatives and swaps": for each distinct prompt (group id), the groups its
+    traces are scored under. All of them, or its own and the `negatives` groups after it on a
+    cycle through the groups in a seeded random order: each group's negatives are then a
+    uniformly random set, and each group is a negative of exactly `negatives` others."""
+    distinct = np.unique(groups)
+    if negatives is None or negatives >= len(distinct) - 1:
+        return {int(g): distinct for g in distinct}
+    cycle = np.random.default_rng(seed).permutation(distinct)
+    following = np.arange(negatives + 1)
+    return {int(g): np.sort(cycle[(at + following) % len(cycle)]) for at, g in enumerate(cycle)}
+
+
+def chosen_swaps(
+    own: np.ndarray, scored_under: dict[int, np.ndarray], negatives: int | None, seed: int
+) -> list[np.ndarray]:
+    """For each flow row (given its prompt group), the traces whose reasoning is swapped in:
+    every trace, or its own group's traces and `negatives` drawn at random from the other
+    traces whose X->Z pass ran under the row's prompt (so a swap never needs a pass of its
+    own). The draw is seeded per prompt and shared by the prompt's rows: a swapped reasoning
+    then needs one pass for all of them, and actions they share are scored once."""
+    everything = np.arange(len(own))
+    if negatives is None:
+        return [everything] * len(own)
+    shared = {}
+    for g in np.unique(own).tolist():
+        hosts = [h for h, under in scored_under.items() if g in under]
+        others = everything[(own != g) & np.isin(own, hosts)]
+        rng = np.random.default_rng([seed, g])
+        picked = rng.choice(others, size=min(negatives, len(others)), replace=False)
+        shared[g] = np.sort(np.concatenate([everything[own == g], picked]))
+    return [shared[int(g)] for g in own]
+
+
+@dataclass
+class Plan:
+    """The requests of one scoring call and, per matrix, the cell each request's value fills."""
+
+    requests: list[ScoreRequest] = field(default_factory=list)
+    cells: dict[str, list[tuple[int, int, int]]] = field(
+        default_factory=dict
+    )  # (request, row, column)
+
+    def add(self, request: ScoreRequest, matrix: str, row: int, column: int) -> None:
+        self.cells.setdefault(matrix, []).append((len(self.requests), row, column))
+        self.requests.append(request)
+
+    def fill(self, values: np.ndarray, name: str, shape: tuple[int, int]) -> np.ndarray:
+        """The values of one matrix's cells; NaN where nothing was scored."""
+        out = np.full(shape, np.nan)
+        cells = np.array(self.cells.get(name, []), dtype=np.int64).reshape(-1, 3)
+        out[cells[:, 1], cells[:, 2]] = values[cells[:, 0]]
+        return out
+
+
+def plan_reasoning(
+    plan: Plan, valid: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], own: np.ndarray,
+    scored_under: dict[int, np.ndarray],
+) -> None:  # fmt: skip
+    """X->Z: each valid trace's pre + Z under each prompt (one per group) its group is scored
+    under."""
+    for row, trace in enumerate(valid):
+        continuation = trace.prefix_ids + trace.reasoning_ids
+        for group in scored_under[int(own[row])]:
+            request = ScoreRequest(tuple(prompt_ids[group]), continuation, len(trace.prefix_ids))
+            plan.add(request, "z", row, int(group))
+
+
+def plan_flow(
+    plan: Plan,
+    acting: Sequence[Trace],
+    prompt_ids: Sequence[Sequence[int]],
+    own: np.ndarray,
+    scored_under: dict[int, np.ndarray],
+    traces_chosen: list,
+) -> None:
+    """SPEC "Information flow": A_r after (prompt, pre, Z) of a swapped input or trace, then
+    its own mid_r. Each request's stem, prompt j + pre_s + Z_s, is an X->Z request's
+    continuation, marked as the request's stem: a backend can branch the action from that
+    pass instead of running it again. `natural` entries of a trace's own prompt equal
+    `reasoning` ones and are copied after."""
+    prompts = [tuple(ids) for ids in prompt_ids]
+    stems = [t.prefix_ids + t.reasoning_ids for t in acting]
+    acts = [(t.mid_ids + t.action_ids, len(t.mid_ids)) for t in acting]
+
+    def request(row: int, reasoner: int, prompt: int) -> ScoreRequest:
+        (stem, (act, mid)) = stems[reasoner], acts[row]
+        return ScoreRequest(prompts[prompt], stem + act, len(stem) + mid, len(stem))
+
+    own_group = own.tolist()
+    for row, group in enumerate(own_group):
+        for column in scored_under[group].tolist():
+            plan.add(request(row, row, column), "input", row, column)
+        for s in traces_chosen[row].tolist():
+            plan.add(request(row, s, group), "reasoning", row, s)
+            if own_group[s] != group:
+                plan.add(request(row, s, own_group[s]), "natural", row, s)
+
+
+def check_finite(values: np.ndarray) -> None:
+    broken = int((~np.isfinite(values)).sum())
+    if broken:
+        raise CollapsecheckError(
+            f"the model gave NaN or infinite log-probabilities for {broken} of {len(values)} "
+            "scored (trace, context) pairs: no verdict (check the checkpoint's weights and --dtype)"
+        )
+
+
+def cross_score(
+    backend: Backend,
+    traces: Sequence[Trace],
+    prompt_ids: Sequence[Sequence[int]],
+    progress: ProgressHook,
+    *,
+    negatives: int | None = None,
+    seed: int = 0,
+    flow: bool = False,
+) -> CrossScores:
+    """Score the valid traces under every prompt, or under their own and `negatives` sampled
+    others; with `flow`, the action matrices of the flow-valid traces too (`swap_count`
+    swapped traces per action beside its own prompt's), in the same call. Duplicate prompts
+    are scored once and their column copied; entries not scored are NaN and marked in the
+    matrix's `scored` mask."""
+    if negatives is not None and negatives < 1:
+        raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
+    groups = column_groups(prompt_ids)
+    rows = [i for i, t in enumerate(traces) if t.valid]
+    valid = [traces[i] for i in rows]
+    own = groups[[t.prompt_index for t in valid]] if valid else np.zeros(0, np.int64)
+    plan = Plan()
+    scored_under = negative_groups(groups, negatives, seed)
+    plan_reasoning(plan, valid, prompt_ids, own, scored_under)
+    flow_rows = [i for i, t in enumerate(traces) if t.flow_valid] if flow else []
+    acting = [traces[i] for i in flow_rows]
+    acting_own = groups[[t.prompt_index for t in acting]] if acting else np.zeros(0, np.int64)
+    swaps = chosen_swaps(acting_own, scored_under, swap_count(negatives), seed)
+    plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
+    values = backend.loglikelihood(plan.requests, progress("scoring", len(plan.requests)))
+    check_finite(values)
+    lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)
+    total = plan.fill(values, "z", (len(valid), len(groups)))[:, groups]
+    matrix = CrossLogProbs(
+        sum=total,
+        mean=total / lengths[:, None] if len(valid) else total,
+        row_prompt=np.array([t.prompt_index for t in valid], dtype=np.int64),
+        column_group=groups,
+        scored=np.isfinite(total),
+    )
+    responses = np.bincount([t.prompt_index for t in traces], minlength=len(groups))
+    flow_scores = (
+        flow_matrices(plan, values, acting, groups, flow_rows, responses) if flow else None
+    )
+    scored_tokens = sum(len(r.continuation) - r.scored_from for r in plan.requests)
+    return CrossScores(matrix, np.array(rows, dtype=np.int64), lengths, flow_scores, scored_tokens)
+
+
+def flow_matrices(
+    plan: Plan,
+    values: np.ndarray,
+    acting: Sequence[Trace],
+    groups: np.ndarray,
+    rows: Sequence[int],
+    responses: np.ndarray,
+) -> FlowScores:
+    """The three action matrices of the flow-valid traces (SPEC "Information flow")."""
+    m = len(acting)
+    prompts = np.array([t.prompt_index for t in acting], dtype=np.int64)
+    reasoning = plan.fill(values, "reasoning", (m, m))
+    same_prompt = groups[prompts][:, None] == groups[prompts][None, :]
+    logprobs = FlowLogProbs(
+        input=plan.fill(values, "input", (m, len(groups)))[:, groups],
+        reasoning=reasoning,
+        natural=np.where(same_prompt, reasoning, plan.fill(values, "natural", (m, m))),
+        row_prompt=prompts,
+        column_group=groups,
+        reasoning_group=first_of_each([t.prefix_ids + t.reasoning_ids for t in acting]),
+        actions=[t.action for t in acting],
+        responses_per_prompt=responses.astype(float),
+    )
+    tokens = np.array([len(t.action_ids) for t in acting], dtype=np.int64)
+    return FlowScores(logprobs, np.array(rows, dtype=np.int64), tokens)

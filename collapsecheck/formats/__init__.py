@@ -1,2 +1,0 @@
-"""Checkpoint formats, one module each (detect, load, the files that define it); the
-registry that tries them in order is `collapsecheck.checkpoint`."""

@@ -1,0 +1,59 @@
+"""Hugging Face causal-LM directories, also HF Trainer / TRL `checkpoint-N`: config.json and
+weights (`model.safetensors`, a sharded `*.index.json`, or `pytorch_model.bin`). A veRL
+`global_step_N/` that holds a merged model in `actor/huggingface/` or `huggingface/` is read
+from there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.inputs.formats import peft_adapter
+from collapsecheck.inputs.formats.base import Checkpoint, LoadBase, Require, own_files, weight_files
+from collapsecheck.settings import LoadSettings
+
+KIND = "huggingface"
+EXPECTED = "config.json with weights"
+LOCATIONS = (".", "actor/huggingface", "huggingface")
+
+
+def is_model_directory(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and bool(weight_files(path))
+
+
+MERGER_ADAPTER = "lora_adapter"  # veRL's model merger puts a LoRA run's adapter here
+
+
+def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint | None:
+    for candidate in (path / location for location in LOCATIONS):
+        if not is_model_directory(candidate):
+            continue
+        model = Checkpoint(KIND, candidate, candidate)
+        adapter = candidate / MERGER_ADAPTER
+        if (adapter / peft_adapter.ADAPTER_CONFIG).is_file():
+            note = (
+                f"{candidate} holds base weights and {adapter} a LoRA adapter (veRL's model "
+                "merger): read as the base with the adapter applied"
+            )
+            return Checkpoint(peft_adapter.KIND, adapter, candidate, model, note)
+        return model
+    return None
+
+
+def files(checkpoint: Checkpoint) -> list[Path]:
+    return own_files(checkpoint.path)
+
+
+def load_weights(
+    checkpoint: Checkpoint, dtype: Any, settings: LoadSettings, load_base: LoadBase
+) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    placement = {"device_map": settings.device_map} if settings.device_map else {}
+    return AutoModelForCausalLM.from_pretrained(
+        checkpoint.path,
+        dtype=dtype,
+        local_files_only=True,
+        trust_remote_code=settings.trust_remote_code,
+        **placement,
+    )

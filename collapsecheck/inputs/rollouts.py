@@ -1,0 +1,281 @@
+"""Rollouts in: traces that training already sampled, so a diagnosis needs no generation.
+
+Three sources, all turned into prompts and (ids, truncated) samples per prompt:
+
+- Single-turn rollout rows (JSONL or parquet): a prompt (text or chat messages), a response
+  (text, or `--response-ids-field` token ids) and optionally a group id; rows are grouped
+  by the group id, else by the prompt. This covers RAGEN's JSONL trajectory export and veRL's
+  rollout dumps given the right field names.
+- Multi-turn rows: a `turns` list, each turn its own context (prompt or messages) and
+  response. (trajectory, turn) pairs are sampled as RAGEN-2 does (turn-uniform,
+  trajectory-uniform, or each trajectory's first turn); each sampled turn is one prompt with
+  one trace, scored against the other sampled turns' contexts.
+- A `--dump` directory of a scan: its rendered prompt ids and sampled response ids, exactly.
+
+A trainer's own rollout file (TRL's completions parquet, a veRL `rollout_data_dir` JSONL) is
+recognised by `collapsecheck.inputs.trainer_rollouts` and read as single-turn rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from collapsecheck.engines.backends.base import Sample
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.prompts import (
+    Prompt,
+    file_sha256,
+    load_prompts,
+    prompt_from_row,
+    read_rows,
+    render_prompts,
+)
+from collapsecheck.inputs.rewards import as_reward
+from collapsecheck.inputs.trainer_rollouts import trainer_rollouts
+from collapsecheck.reports.dump import SampledPrompts, read_dump_samples
+from collapsecheck.settings import PromptSettings, Settings
+
+RESPONSE_FIELDS = ("response", "output", "completion")
+REWARD_FIELDS = ("reward", "score")
+GROUP_FIELDS = ("uid", "group_id", "prompt_id", "group")
+TURNS_FIELD = "turns"
+TURN_SAMPLINGS = ("turn", "trajectory", "first")
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """Field names and, for multi-turn rollouts, how turns are sampled."""
+
+    prompt_field: str | None = None
+    response_field: str | None = None
+    response_ids_field: str | None = None
+    group_field: str | None = None
+    turn_sampling: str = "turn"
+    pairs: int | None = None
+    seed: int = 0
+    reward_field: str | None = None
+
+    @classmethod
+    def of(cls, settings: Settings) -> RolloutOptions:
+        """The options a file with the default field names needs, from the settings."""
+        return cls(
+            prompt_field=settings.prompts.prompt_field,
+            seed=settings.analysis.seed,
+            reward_field=settings.rewards.reward_field,
+        )
+
+    def __post_init__(self) -> None:
+        if self.turn_sampling not in TURN_SAMPLINGS:
+            raise CollapsecheckError(
+                f"--turn-sampling must be one of {', '.join(TURN_SAMPLINGS)}, "
+                f"got {self.turn_sampling!r}"
+            )
+        if self.pairs is not None and self.pairs < 2:
+            raise CollapsecheckError(f"--pairs must be at least 2, got {self.pairs}")
+
+
+@dataclass(frozen=True)
+class _Turn:
+    prompt: Prompt
+    response: Any  # text, or token ids
+    truncated: bool
+    reward: float | None = None
+
+
+def _reward(row: dict[str, Any], options: RolloutOptions, where: str) -> float | None:
+    """The row's reward (`--reward-field`, else `reward` or `score`), None when it has none."""
+    names = (options.reward_field,) if options.reward_field else REWARD_FIELDS
+    name = next((n for n in names if n in row), None)
+    return None if name is None else as_reward(row[name], f"{where} ({name!r})")
+
+
+def _field(row: dict[str, Any], wanted: str | None, defaults: Sequence[str], where: str) -> Any:
+    names = (wanted,) if wanted else defaults
+    name = next((n for n in names if n in row), None)
+    if name is None:
+        raise CollapsecheckError(f"{where}: no {' or '.join(repr(n) for n in names)} field")
+    return row[name]
+
+
+def _turn(
+    row: dict[str, Any], options: RolloutOptions, where: str, reward: float | None = None
+) -> _Turn:
+    """One response with its context; its reward is the row's own, else `reward` (a
+    trajectory's, for each of its turns)."""
+    prompt = Prompt(prompt_from_row(row, options.prompt_field, where), where)
+    if options.response_ids_field:
+        ids = _field(row, options.response_ids_field, (), where)
+        if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+            raise CollapsecheckError(f"{where}: {options.response_ids_field} must be token ids")
+        response: Any = tuple(ids)
+    else:
+        response = _field(row, options.response_field, RESPONSE_FIELDS, where)
+        if not isinstance(response, str):
+            raise CollapsecheckError(f"{where}: the response must be text")
+    own = _reward(row, options, where)
+    truncated = bool(row.get("truncated", False))
+    return _Turn(prompt, response, truncated, own if own is not None else reward)
+
+
+def _sample(turn: _Turn, tokenizer: Any) -> Sample:
+    if isinstance(turn.response, tuple):
+        return Sample(turn.response, turn.truncated)
+    ids = tokenizer(turn.response, add_special_tokens=False)["input_ids"]
+    return Sample(tuple(int(i) for i in ids), turn.truncated)
+
+
+def _group_single_turns(
+    rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+) -> list[list[_Turn]]:
+    groups: dict[str, list[_Turn]] = {}
+    for where, row in rows:
+        turn = _turn(row, options, where)
+        if options.group_field or any(f in row for f in GROUP_FIELDS):
+            key = json.dumps(_field(row, options.group_field, GROUP_FIELDS, where), default=str)
+        else:
+            key = json.dumps(turn.prompt.content)
+        groups.setdefault(key, []).append(turn)
+    return list(groups.values())
+
+
+def _sample_turns(
+    rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+) -> tuple[list[list[_Turn]], dict[str, Any]]:
+    """(trajectory, turn) pairs drawn without replacement: every pair equally likely
+    (turn-uniform), every trajectory equally likely then a turn within it
+    (trajectory-uniform), or each trajectory's first turn."""
+    pairs, weights = [], []
+    for where, row in rows:
+        turns = row[TURNS_FIELD]
+        if not isinstance(turns, list) or not turns:
+            raise CollapsecheckError(f"{where}: '{TURNS_FIELD}' must be a non-empty list")
+        for number, turn in enumerate(turns, start=1):
+            if options.turn_sampling == "first" and number > 1:
+                break
+            if not isinstance(turn, dict):
+                raise CollapsecheckError(f"{where} turn {number}: expected an object")
+            trajectory_reward = _reward(row, options, where)
+            pairs.append(_turn(turn, options, f"{where} turn {number}", trajectory_reward))
+            weights.append(1.0 / len(turns) if options.turn_sampling == "trajectory" else 1.0)
+    count = min(options.pairs or len(pairs), len(pairs))
+    rng = np.random.default_rng(options.seed)
+    p = np.array(weights) / sum(weights)
+    chosen = sorted(rng.choice(len(pairs), size=count, replace=False, p=p))
+    settings = {"turn_sampling": options.turn_sampling, "pairs": count, "available": len(pairs)}
+    return [[pairs[i]] for i in chosen], settings
+
+
+@dataclass(frozen=True)
+class ParsedRollouts:
+    """A rollout file's responses grouped by prompt, every row checked; not yet tokenized."""
+
+    groups: list[list[_Turn]]
+    rewards: list[list[float]] | None
+    settings: dict[str, Any]
+
+
+def parse_rollouts(path: str | Path, options: RolloutOptions) -> ParsedRollouts | None:
+    """Every row of a rollout file read and checked, before any model loads; None for a dump
+    directory (read with the tokenizer, by `read_rollouts`)."""
+    path = Path(path)
+    return None if path.is_dir() else _parse_file(path, options)
+
+
+def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
+    if not path.is_file():
+        raise CollapsecheckError(f"rollouts not found: {path}")
+    settings: dict[str, Any] = {"rollouts": str(path), "rollouts_sha256": file_sha256(path)}
+    written = trainer_rollouts(path)
+    if written is not None:
+        rows = written.rows
+        settings["trainer_rollouts"] = {
+            "trainer": written.trainer, "step": written.step, "notes": written.notes,
+        }  # fmt: skip
+    else:
+        rows = read_rows(path)
+    if not rows:
+        raise CollapsecheckError(f"{path}: no rollouts found (the file is empty)")
+    if TURNS_FIELD in rows[0][1]:
+        groups, sampled = _sample_turns(rows, options)
+        settings["multi_turn"] = sampled
+    else:
+        groups = _group_single_turns(rows, options)
+    rewards, source = _rewards(groups, rows, options)
+    if source is not None:
+        settings["rewards"] = source
+    return ParsedRollouts(groups, rewards, settings)
+
+
+def match_decoded_inputs(
+    parsed: ParsedRollouts, source: Path, tokenizer: Any, rendering: PromptSettings
+) -> ParsedRollouts:
+    """veRL's dumps hold each prompt decoded with special tokens skipped, not the context the
+    policy saw. Each training prompt is rendered as the trainer renders it and decoded the
+    same way; a group whose input equals one takes that training row as its prompt (rendered
+    exactly, chat markers and all). The settings say how many matched."""
+    training = load_prompts(source, field=rendering.prompt_field)
+    by_text: dict[str, Prompt] = {}
+    for prompt, rendered in zip(
+        training, render_prompts(training, tokenizer, rendering), strict=True
+    ):
+        by_text.setdefault(tokenizer.decode(list(rendered.ids), skip_special_tokens=True), prompt)
+    groups, matched = [], 0
+    for group in parsed.groups:
+        row = (
+            by_text.get(group[0].prompt.content)
+            if isinstance(group[0].prompt.content, str)
+            else None
+        )
+        matched += row is not None
+        groups.append(group if row is None else [dataclasses.replace(t, prompt=row) for t in group])
+    note = (
+        f"{matched} of {len(groups)} inputs matched a row of {source} and are scored in the "
+        "context the trainer rendered from it"
+        + ("; the others as their decoded text" if matched < len(groups) else "")
+    )
+    settings = {**parsed.settings, "prompt_matching": note}
+    return ParsedRollouts(groups, parsed.rewards, settings)
+
+
+def read_rollouts(
+    path: str | Path,
+    tokenizer: Any,
+    options: RolloutOptions,
+    rendering: PromptSettings | None = None,
+    parsed: ParsedRollouts | None = None,
+) -> SampledPrompts:
+    """Prompts and samples of a rollout file (`parsed` already, or parsed here) or a dump
+    directory."""
+    if Path(path).is_dir():
+        return read_dump_samples(Path(path))
+    parsed = parsed or _parse_file(Path(path), options)
+    prompts = [group[0].prompt for group in parsed.groups]
+    rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings())
+    samples = [[_sample(turn, tokenizer) for turn in group] for group in parsed.groups]
+    return SampledPrompts(prompts, rendered, samples, parsed.settings, parsed.rewards)
+
+
+def _rewards(
+    groups: list[list[_Turn]], rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+) -> tuple[list[list[float]] | None, str | None]:
+    """Every response's reward and where they came from ("per response", "per turn", "per
+    trajectory"), or (None, None) when no row has one; some but not all is an error."""
+    turns = [turn for group in groups for turn in group]
+    missing = [turn.prompt.origin for turn in turns if turn.reward is None]
+    if len(missing) == len(turns):
+        return None, None
+    if missing:
+        raise CollapsecheckError(f"{missing[0]}: no reward, though other rows have one")
+    if TURNS_FIELD not in rows[0][1]:
+        source = "per response"
+    else:
+        own = any(_reward(t, options, w) is not None for w, r in rows for t in r[TURNS_FIELD])
+        source = "per turn" if own else "per trajectory"
+    return [[turn.reward for turn in group] for group in groups], source

@@ -1,0 +1,168 @@
+"""The regime verdict of SPEC "The verdict": two axes read from estimates and their intervals.
+
+Pure: takes the metric mapping of `collapsecheck.measures.metrics.compute_metrics`,
+returns a Verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+from collapsecheck.formatting import format_count
+from collapsecheck.measures.metrics import MetricValue, interval_bounds, point_value
+
+GROUNDED = "grounded"
+TEMPLATE_COLLAPSE = "template_collapse"
+LOW_ENTROPY_COLLAPSE = "low_entropy_collapse"
+INCONCLUSIVE = "inconclusive"
+REGIMES = (GROUNDED, TEMPLATE_COLLAPSE, LOW_ENTROPY_COLLAPSE, INCONCLUSIVE)
+COLLAPSES = (TEMPLATE_COLLAPSE, LOW_ENTROPY_COLLAPSE)
+
+DEPENDENCE_KEYS = ("retrieval_skill", "normalized_mi")
+ENTROPY_KEY = "conditional_entropy_est"  # H(Z|X) per token (SPEC "The verdict")
+# Matched below the marginal by more than this share of log N, beyond noise: the traces are
+# unlikely under this checkpoint and these contexts, which says nothing about collapse.
+MISMATCH_NMI = 0.05
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Verdict thresholds (SPEC defaults; every one is a CLI option and a config value)."""
+
+    dependence_high: float = 0.7
+    dependence_collapsed: float = 0.3
+    entropy_low: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dependence_collapsed <= self.dependence_high <= 1.0:
+            raise ValueError(
+                "thresholds need 0 <= dependence_collapsed <= dependence_high <= 1, got "
+                f"{self.dependence_collapsed} and {self.dependence_high}"
+            )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    regime: str
+    style: str | None
+    partial: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @property
+    def is_collapse(self) -> bool:
+        return self.regime in COLLAPSES
+
+
+def _dependence_level(values: list[float], t: Thresholds) -> str:
+    if all(v >= t.dependence_high for v in values):
+        return "high"
+    if all(v <= t.dependence_collapsed for v in values):
+        return "collapsed"
+    return "partial"
+
+
+def _dependence_phrase(metrics: Mapping[str, MetricValue], level: str) -> str:
+    meaning = {
+        "high": "reasoning depends on the input",
+        "partial": "reasoning depends on the input only in part",
+        "collapsed": "reasoning does not depend on the input",
+    }[level]
+    return (
+        f"retrieval {point_value(metrics['retrieval_accuracy']):.2f} vs chance "
+        f"{point_value(metrics['retrieval_chance_level']):.2f}, normalized MI "
+        f"{point_value(metrics['normalized_mi']):.2f}: {meaning}"
+    )
+
+
+def _diversity_phrase(metrics: Mapping[str, MetricValue], low: bool, grounded: bool) -> str:
+    entropy = point_value(metrics[ENTROPY_KEY])
+    effective = point_value(metrics["effective_traces_per_prompt"])
+    if low:
+        meaning = "compressed, near-deterministic reasoning" if grounded else "it barely varies"
+    else:
+        meaning = "diverse reasoning" if grounded else "it still looks varied"
+    return (
+        f"entropy {entropy:.3f} nats/token ({format_count(effective)} effective traces per "
+        f"prompt): {meaning}"
+    )
+
+
+def _straddle_phrase(name: str, metric: MetricValue, threshold: float) -> str:
+    low, high = interval_bounds(metric)
+    return f"{name} interval [{low:.2f}, {high:.2f}] straddles {threshold:g}"
+
+
+def mismatch_reason(metrics: Mapping[str, MetricValue]) -> str | None:
+    """Why the traces do not fit this checkpoint and these contexts, if they do not.
+
+    Traces sampled by the policy under their own prompts have matched >= marginal in
+    expectation (MI >= 0). Matched far below marginal, beyond noise, means they were not:
+    rollouts from another checkpoint, or contexts other than the ones they were sampled under.
+    """
+    log_n = point_value(metrics["mi_upper_bound"])
+    mi = metrics["mi_seq_estimate"]
+    high = interval_bounds(mi)[1]
+    if log_n <= 0 or high / log_n >= -MISMATCH_NMI:
+        return None
+    return (
+        f"the reasoning is less likely under its own prompt than under the others "
+        f"(MI {point_value(mi):.2f} nats/trace, interval up to {high:.2f}): the traces are "
+        "unlikely under this checkpoint and these contexts (rollouts from another checkpoint, "
+        "or contexts that differ from the ones they were sampled under), so this is no verdict "
+        "on collapse; score them under the checkpoint and contexts that produced them"
+    )
+
+
+def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = None) -> Verdict:
+    """Regime from input dependence (retrieval skill, normalized MI) and diversity (H(Z|X)
+    per token); inconclusive where an interval straddles a threshold or the traces do not fit
+    the checkpoint (`mismatch_reason`)."""
+    t = thresholds or Thresholds()
+    mismatch = mismatch_reason(metrics)
+    if mismatch is not None:
+        return Verdict(regime=INCONCLUSIVE, style=None, partial=False, reason=mismatch)
+    dependence = [point_value(metrics[k]) for k in DEPENDENCE_KEYS]
+    level = _dependence_level(dependence, t)
+    entropy = metrics[ENTROPY_KEY]
+    low_entropy = point_value(entropy) < t.entropy_low
+
+    pessimistic = [interval_bounds(metrics[k])[0] for k in DEPENDENCE_KEYS]
+    optimistic = [interval_bounds(metrics[k])[1] for k in DEPENDENCE_KEYS]
+    high_is_sure = _dependence_level(pessimistic, t) == "high"
+    high_is_possible = _dependence_level(optimistic, t) == "high"
+    entropy_low_bound, entropy_high_bound = interval_bounds(entropy)
+    entropy_is_ambiguous = entropy_low_bound < t.entropy_low <= entropy_high_bound
+
+    straddles = []
+    if high_is_possible and not high_is_sure:
+        straddles += [
+            _straddle_phrase(k, metrics[k], t.dependence_high)
+            for k in DEPENDENCE_KEYS
+            if interval_bounds(metrics[k])[0] < t.dependence_high <= interval_bounds(metrics[k])[1]
+        ]
+    if not high_is_possible and entropy_is_ambiguous:
+        straddles.append(_straddle_phrase("conditional entropy", entropy, t.entropy_low))
+    if straddles:
+        return Verdict(
+            regime=INCONCLUSIVE,
+            style=None,
+            partial=False,
+            reason=f"{_dependence_phrase(metrics, level)}; "
+            f"{_diversity_phrase(metrics, low_entropy, level == 'high')}; but the "
+            + " and the ".join(straddles)
+            + ", so the regime could flip: raise the number of prompts (N) or samples (K)",
+        )
+
+    grounded = level == "high"
+    regime = GROUNDED if grounded else LOW_ENTROPY_COLLAPSE if low_entropy else TEMPLATE_COLLAPSE
+    return Verdict(
+        regime=regime,
+        style=("compressed" if low_entropy else "diverse") if grounded else None,
+        partial=level == "partial",
+        reason=f"{_dependence_phrase(metrics, level)}; "
+        f"{_diversity_phrase(metrics, low_entropy, grounded)}",
+    )

@@ -1,0 +1,201 @@
+"""Is checkpoint B worse than checkpoint A beyond noise? Deltas of the key metrics with a
+paired bootstrap over prompts (both scans' dumps at hand), else an unpaired approximation from
+the two reports' intervals."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.measures.flow import NOT_MEASURED, paired_flow_differences
+from collapsecheck.measures.metrics import (
+    DEFAULT_RESAMPLES,
+    Estimate,
+    interval_bounds,
+    paired_differences,
+    point_value,
+)
+from collapsecheck.measures.verdict import DEPENDENCE_KEYS
+from collapsecheck.reports.dump import MATRIX_FILE, read_dump, read_flow
+from collapsecheck.reports.report import Report, metric_to_json
+
+COMPARE_KEYS = (
+    "normalized_mi",
+    "retrieval_skill",
+    "retrieval_accuracy",
+    "mi_seq_estimate",
+    "conditional_entropy_est",
+    "conditional_entropy_seq_est",
+    "effective_traces_per_prompt",
+    "distinct_reasoning_rate",
+    "valid_reasoning_rate",
+)
+FLOW_COMPARE_KEYS = ("action_state_share", "action_reasoning_share", "action_input_share")
+SAME_PROMPTS_KEYS = ("prompts_sha256", "num_prompts", "as_chat", "system_prompt")
+# What must agree for two reports to measure the same thing: (name, where in `settings`).
+COMPARABLE = (
+    ("prompt set", ("prompts_sha256",)),
+    ("number of prompts N", ("num_prompts",)),
+    ("samples per prompt K", ("samples_per_prompt",)),
+    ("seed", ("sampling", "seed")),
+    ("reasoning segment", ("reasoning",)),
+    ("chat wrapping (--as-chat)", ("as_chat",)),
+    ("system prompt", ("system_prompt",)),
+)
+
+
+def _setting(report: Report, path: tuple[str, ...]) -> Any:
+    value: Any = report.settings
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def differences(a: Report, b: Report) -> list[str]:
+    """What differs between two reports' prompts and settings, for a person to read."""
+    found = []
+    for name, path in COMPARABLE:
+        first, second = _setting(a, path), _setting(b, path)
+        if first != second:
+            found.append(f"{name}: A {first!r}, B {second!r}")
+    return found
+
+
+@dataclass
+class Comparison:
+    a: Report
+    b: Report
+    deltas: dict[str, Estimate]
+    paired: bool
+    lost: bool
+    reason: str
+    max_drop: float
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": {
+                "checkpoint": self.a.settings.get("checkpoint"),
+                "verdict": self.a.verdict.to_dict(),
+            },
+            "b": {
+                "checkpoint": self.b.settings.get("checkpoint"),
+                "verdict": self.b.verdict.to_dict(),
+            },
+            "paired": self.paired,
+            "max_drop": self.max_drop,
+            "lost_input_dependence": self.lost,
+            "reason": self.reason,
+            "warnings": self.warnings,
+            "metrics": {
+                key: {
+                    "a": metric_to_json(self.metric("a", key)),
+                    "b": metric_to_json(self.metric("b", key)),
+                    "delta": metric_to_json(delta),
+                }
+                for key, delta in self.deltas.items()
+            },
+        }
+
+    def metric(self, which: str, key: str) -> Any:
+        """A's or B's value of a compared key: a metric, or a key of the snr section."""
+        report = self.a if which == "a" else self.b
+        if key in report.metrics:
+            return report.metrics[key]
+        return (report.snr or {}).get(key, float("nan"))
+
+    def value(self, which: str, key: str) -> float:
+        return point_value(self.metric(which, key))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+def _can_pair(a: Report, b: Report) -> bool:
+    same_prompts = all(a.settings.get(k) == b.settings.get(k) for k in SAME_PROMPTS_KEYS)
+    have_dumps = all(r.dump_dir and (r.dump_dir / MATRIX_FILE).is_file() for r in (a, b))
+    return same_prompts and bool(have_dumps)
+
+
+def _unpaired_delta(a: Any, b: Any) -> Estimate:
+    """B - A with a normal-approximation interval from the two intervals' half-widths."""
+    (a_low, a_high), (b_low, b_high) = interval_bounds(a), interval_bounds(b)
+    half = math.hypot((a_high - a_low) / 2, (b_high - b_low) / 2)
+    delta = point_value(b) - point_value(a)
+    return Estimate(delta, delta - half, delta + half)
+
+
+def flow_deltas(
+    a: Report, b: Report, paired: bool, resamples: int, seed: int
+) -> dict[str, Estimate]:
+    """B - A of the flow's shares where both measured it: paired from the dumps' action
+    matrices when there are both, else from the reports' intervals."""
+    if NOT_MEASURED in (a.flow.regime, b.flow.regime):
+        return {}
+    flows = (read_flow(a.dump_dir), read_flow(b.dump_dir)) if paired else (None, None)
+    if flows[0] is not None and flows[1] is not None:
+        deltas = paired_flow_differences(*flows, resamples=resamples, seed=seed)
+        return {key: deltas[key] for key in FLOW_COMPARE_KEYS}
+    return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in FLOW_COMPARE_KEYS}
+
+
+def snr_deltas(a: Report, b: Report) -> dict[str, Estimate]:
+    """B - A of the zero-variance share and the reward-variance/MI correlation, where both
+    reports have rewards (from the reports: the share has no interval)."""
+    if a.snr is None or b.snr is None:
+        return {}
+    share = b.snr["frac_reward_zero_std"] - a.snr["frac_reward_zero_std"]
+    return {
+        "frac_reward_zero_std": Estimate(share, share, share),
+        "rv_mi_spearman": _unpaired_delta(a.snr["rv_mi_spearman"], b.snr["rv_mi_spearman"]),
+    }
+
+
+def _describe(key: str, delta: Estimate) -> str:
+    return f"{key} {delta.value:+.3f} [{delta.low:+.3f}, {delta.high:+.3f}]"
+
+
+def compare_reports(
+    a: Report,
+    b: Report,
+    *,
+    max_drop: float = 0.0,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    allow_mismatch: bool = False,
+) -> Comparison:
+    """B lost input dependence when every dependence metric (normalized MI, retrieval skill)
+    fell by more than `max_drop` with its whole 95% interval of the change below -max_drop.
+    Reports of other prompts or settings are refused, unless `allow_mismatch`: then the
+    differences are carried as warnings."""
+    if max_drop < 0:
+        raise CollapsecheckError(f"--max-drop must be >= 0, got {max_drop}")
+    differ = differences(a, b)
+    if differ and not allow_mismatch:
+        raise CollapsecheckError(
+            f"A and B are not comparable ({'; '.join(differ)}): scan both with the same "
+            "prompts and settings, or pass --allow-mismatch to compare anyway"
+        )
+    warnings = [f"not comparable, compared anyway: {d}" for d in differ]
+    paired = _can_pair(a, b)
+    if paired:
+        deltas = paired_differences(
+            read_dump(a.dump_dir), read_dump(b.dump_dir), resamples=resamples, seed=seed
+        )
+        deltas = {key: deltas[key] for key in COMPARE_KEYS}
+    else:
+        deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
+    deltas.update(flow_deltas(a, b, paired, resamples, seed))
+    deltas.update(snr_deltas(a, b))
+    dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
+    lost = len(dropped) == len(DEPENDENCE_KEYS)
+    changes = "; ".join(_describe(key, deltas[key]) for key in DEPENDENCE_KEYS)
+    tolerance = f" by more than {max_drop:g}" if max_drop else ""
+    if lost:
+        reason = f"B lost input dependence relative to A beyond noise{tolerance}: {changes}"
+    else:
+        reason = f"B did not lose input dependence relative to A beyond noise{tolerance}: {changes}"
+    return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

@@ -1,0 +1,360 @@
+"""Report out, for a person at a terminal: progress bars, the metric table, the verdict line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from collapsecheck.formatting import format_number, plural
+from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
+from collapsecheck.measures.per_prompt import most_collapsed
+from collapsecheck.measures.verdict import GROUNDED, INCONCLUSIVE
+from collapsecheck.progress import ProgressHook
+from collapsecheck.reports.compare import Comparison
+from collapsecheck.reports.report import FLOW_METRICS, KEY_METRICS, Report
+from collapsecheck.reports.run_report import RunReport
+
+REGIME_STYLES = {GROUNDED: "bold green", INCONCLUSIVE: "bold yellow"}
+COLLAPSE_STYLE = "bold red"
+EXAMPLE_CHARS = 400
+EXAMPLE_TITLE = 70
+
+
+LOG_STEPS = 4  # a progress line at every quarter of a stage, in a log
+
+
+@contextmanager
+def progress_bars(console: Console) -> Iterator[ProgressHook]:
+    """Progress of each pipeline stage: rich bars (with ETA) on a terminal, plain lines as the
+    work goes in a log (CI, a file), where a bar would only show at the end."""
+    if not console.is_terminal:
+        yield progress_lines(console)
+        return
+    columns = (
+        TextColumn("[bold]{task.description:<22}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bars:
+        tasks: dict[str, TaskID] = {}
+
+        def start(stage: str, total: int) -> Callable[[int], None]:
+            if stage in tasks:
+                bars.reset(tasks[stage], total=total)
+            else:
+                tasks[stage] = bars.add_task(stage, total=total)
+            task = tasks[stage]
+            return lambda n: bars.advance(task, n)
+
+        yield start
+
+
+def progress_lines(console: Console) -> ProgressHook:
+    """A ProgressHook printing "stage: done/total" lines at the start, each quarter, the end."""
+
+    def start(stage: str, total: int) -> Callable[[int], None]:
+        console.print(f"{stage}: 0/{total}", highlight=False)
+        done = [0]
+        marks = {round(total * i / LOG_STEPS) for i in range(1, LOG_STEPS + 1)}
+
+        def advance(n: int) -> None:
+            before, done[0] = done[0], done[0] + n
+            if any(before < mark <= done[0] for mark in marks):
+                console.print(f"{stage}: {done[0]}/{total}", highlight=False)
+
+        return advance
+
+    return start
+
+
+def _format(x: float) -> str:
+    return format_number(x)
+
+
+def _interval(metric: MetricValue) -> str:
+    if isinstance(metric, Estimate):
+        return f"[{_format(metric.low)}, {_format(metric.high)}]"
+    return ""
+
+
+def metrics_table(report: Report) -> Table:
+    table = Table(title="collapsecheck", title_justify="left", show_edge=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("95% interval", justify="right")
+    keys = KEY_METRICS + (FLOW_METRICS if report.flow.regime != "not_measured" else ())
+    for key in keys:
+        interval = _interval(report.metrics[key])
+        label = key
+        if key == "retrieval_accuracy":
+            label += f" (chance {report.value('retrieval_chance_level'):.3f})"
+        table.add_row(label, _format(report.value(key)), interval)
+    return table
+
+
+def regime_text(report: Report) -> Text:
+    verdict = report.verdict
+    name = verdict.regime
+    if verdict.style:
+        name += f" ({verdict.style})"
+    if verdict.partial:
+        name += " (partial)"
+    return Text(name, style=REGIME_STYLES.get(verdict.regime, COLLAPSE_STYLE))
+
+
+def verdict_line(report: Report) -> Text:
+    line = Text("verdict: ", style="bold")
+    line.append_text(regime_text(report))
+    line.append(f" — {report.verdict.reason}")
+    return line
+
+
+FLOW_STYLES = {"faithful": "bold green", "not_measured": "dim", "inconclusive": "bold yellow"}
+
+
+def flow_line(report: Report) -> Text:
+    """The information flow, X -> Z -> A, in one line under the verdict."""
+    regime = report.flow.regime
+    line = Text("flow: ", style="bold")
+    line.append(regime.replace("_", " "), style=FLOW_STYLES.get(regime, COLLAPSE_STYLE))
+    line.append(f" — {report.flow.reason}")
+    return line
+
+
+NEXT_STEPS = (
+    'next: see which prompts collapsed and why in docs/measures.md, "When the verdict is a '
+    'collapse"; compare with an earlier checkpoint (collapsecheck compare A B) or scan the '
+    "whole run directory to find the onset"
+)
+
+
+def print_notes(console: Console, notes: list[str | None]) -> None:
+    """What was read other than one might expect (a base with its adapter, a run's root)."""
+    for note in notes:
+        if note:
+            console.print(Text("note: ", style="bold yellow") + Text(note))
+
+
+def print_warnings(console: Console, warnings: list[str]) -> None:
+    for warning in warnings:
+        console.print(Text("warning: ", style="bold yellow") + Text(warning))
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def print_why(console: Console, report: Report) -> None:
+    """The SNR summary (SPEC "Why: reward variance") and the most collapsed prompts."""
+    snr = report.snr
+    if snr is None:
+        console.print(f"why: {report.snr_reason}", style="dim")
+    else:
+        rho = snr["rv_mi_spearman"]
+        console.print(
+            Text("why: ", style="bold")
+            + Text(
+                f"{percent(snr['frac_reward_zero_std'])} of prompts have rewards that all tie "
+                f"(too easy {percent(snr['zero_std_too_easy'])}, too hard "
+                f"{percent(snr['zero_std_too_hard'])}, uninformative "
+                f"{percent(snr['zero_std_uninformative'])}); reward std vs own MI: Spearman "
+                f"{_format(point_value(rho))} {_interval(rho)}; the SNR filter (top-p "
+                f"{snr['snr_top_p']:g}) keeps {percent(snr['rollout/filter_kept_ratio'])} of the "
+                f"prompts ({snr['rewards']})"
+            )
+        )
+    if report.verdict.is_collapse and report.per_prompt:
+        console.print(
+            "most collapsed prompts (lowest own MI; every prompt: --per-prompt FILE, or the "
+            "dump's per_prompt.jsonl):"
+        )
+        for row in most_collapsed(report.per_prompt):
+            own = "-" if row["own_mi"] is None else f"{row['own_mi']:.2f}"
+            console.print(f"  prompt {row['index']} (own MI {own}): {row['text']}")
+
+
+def print_report(console: Console, report: Report) -> None:
+    console.print(metrics_table(report))
+    counts = report.counts
+    samples = plural(report.settings["samples_per_prompt"], "sample")
+    console.print(
+        f"{plural(counts['prompts'], 'prompt')} x {samples}, "
+        f"{plural(counts['scored_traces'], 'trace')} scored, "
+        f"{counts['reasoning_tokens_mean']:.1f} reasoning tokens each on average"
+        + (" (answered from the results cache)" if report.timing.get("cached") else ""),
+        style="dim",
+    )
+    settings = report.settings
+    if "backend" in settings:
+        console.print(
+            f"engine: {settings['backend']} on {settings.get('device')}, "
+            f"{settings.get('dtype')}, scorer {settings.get('scorer')}",
+            style="dim",
+        )
+    print_notes(console, [report.settings.get("checkpoint_note")])
+    print_warnings(console, report.warnings)
+    console.print(verdict_line(report))
+    console.print(flow_line(report))
+    print_why(console, report)
+    if report.verdict.is_collapse:
+        console.print("Reasoning sampled for two different prompts; do they differ?")
+        for example in report.examples:
+            title = Text(f"prompt {example['prompt_index']}: {example['prompt']}"[:EXAMPLE_TITLE])
+            reasoning = Text(example["reasoning"][:EXAMPLE_CHARS])
+            console.print(Panel(reasoning, title=title, title_align="left"))
+        console.print(NEXT_STEPS, style="dim")
+
+
+RUN_COLUMNS = (
+    ("norm. MI", "normalized_mi"),
+    ("skill", "retrieval_skill"),
+    ("H(Z|X)/tok", "conditional_entropy_est"),
+    ("z EMA", "mi_zscore_ema_seq"),
+)
+RUN_CAPTION = (
+    "norm. MI: normalized_mi; skill: retrieval_skill; H(Z|X)/tok: conditional entropy, nats "
+    "per token; z EMA: mi_zscore_ema_seq, MI over the marginal's spread with the spread "
+    "smoothed along the run (RAGEN-2's logged z-score); 0-var: share of prompts whose rewards "
+    "all tie; RV~MI: Spearman of reward std and own MI; * answered from the results cache"
+)
+PAIRING_CAPTION = (
+    "; scored by: the checkpoint that scored the trainer's rollouts of the step, and the gap, "
+    "the updates between it and the weights that sampled them (0: those weights)"
+)
+
+
+def _window(window: Any) -> str:
+    return "-" if window is None else _format(window.mean)
+
+
+def print_findings(console: Console, run: RunReport) -> None:
+    """What the trainer's own logs missed (SPEC's findings), or which log was read."""
+    if run.training_log is None:
+        if run.training_log_reason:
+            console.print(f"training log: {run.training_log_reason}", style="dim")
+        return
+    keys = ", ".join(f"{name}={key}" for name, key in run.training_log["keys"].items())
+    console.print(f"training log: {run.training_log['source']} ({keys})", style="dim")
+    for finding in run.findings:
+        console.print(Text(f"finding ({finding.kind}): ", style="bold yellow") + Text(finding.text))
+
+
+def snr_cells(report: Report) -> list[str]:
+    if report.snr is None:
+        return ["-", "-"]
+    rho = point_value(report.snr["rv_mi_spearman"])
+    return [percent(report.snr["frac_reward_zero_std"]), _format(rho)]
+
+
+def print_run(console: Console, run: RunReport) -> None:
+    """One row per checkpoint, then the onset and the latest checkpoint's verdict."""
+    table = Table(
+        title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False,
+        caption=RUN_CAPTION + (PAIRING_CAPTION if run.traces else ""), caption_justify="left",
+    )  # fmt: skip
+    table.add_column("step", no_wrap=True)
+    if run.traces:
+        table.add_column("scored by", no_wrap=True)
+    for title, _ in RUN_COLUMNS:
+        table.add_column(title, justify="right", no_wrap=True)
+    table.add_column("norm. MI 95%", justify="right", no_wrap=True)
+    logged = run.logged_series
+    for name in logged:
+        table.add_column(f"{name} (log)", justify="right", no_wrap=True)
+    rewarded = any(step.report.snr is not None for step in run.steps)
+    if rewarded:
+        table.add_column("0-var", justify="right", no_wrap=True)
+        table.add_column("RV~MI", justify="right", no_wrap=True)
+    for title in ("regime", "flow", "onset"):
+        table.add_column(title, no_wrap=True)
+    for index, step in enumerate(run.steps):
+        metrics = step.report.metrics
+        cells = [_format(point_value(metrics[key])) for _, key in RUN_COLUMNS]
+        cells.append(_interval(metrics["normalized_mi"]))
+        label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
+        onset = run.onset.kind if run.onset and run.onset.index == index else ""
+        flow = step.report.flow.regime.replace("_", " ")
+        cells += [_window(step.training_log.get(name)) for name in logged]
+        if rewarded:
+            cells += snr_cells(step.report)
+        pairing = [step.sampled_by.describe()] if step.sampled_by else []
+        table.add_row(
+            label, *pairing, *cells, regime_text(step.report), flow, Text(onset, style="bold")
+        )
+    console.print(table)
+    if run.traces:
+        console.print(f"traces: {run.traces}", style="dim", highlight=False)
+    print_notes(console, run.notes)
+    print_findings(console, run)
+    if len(run.hosts) > 1:
+        where = "; ".join(f"{host}: {', '.join(labels)}" for host, labels in run.hosts.items())
+        console.print(f"scanned on {len(run.hosts)} hosts ({where})", style="dim")
+    cached = sum(bool(s.report.timing.get("cached")) for s in run.steps)
+    if cached:
+        rows = "rollout steps" if run.traces else "checkpoints"
+        console.print(f"{cached} of {len(run.steps)} {rows} answered from the cache", style="dim")
+    line = Text("onset: ", style="bold")
+    if run.onset is None:
+        line.append("none — no checkpoint collapsed or lost input dependence significantly")
+    else:
+        line.append(f"step {run.onset_step} ({run.onset.kind})", style=COLLAPSE_STYLE)
+        line.append(f" — {run.onset.reason}")
+    console.print(line)
+    latest = run.steps[-1]
+    which = (
+        f"latest rollouts (step {latest.checkpoint.label}, scored by "
+        f"{latest.sampled_by.describe()})"
+        if latest.sampled_by
+        else f"latest checkpoint ({latest.checkpoint.label})"
+    )
+    console.print(Text(f"{which}:", style="bold"))
+    console.print(verdict_line(latest.report))
+    console.print(flow_line(latest.report))
+
+
+def print_comparison(console: Console, comparison: Comparison) -> None:
+    table = Table(title="collapsecheck compare", title_justify="left", show_edge=False)
+    for column in ("metric", "A", "B", "B - A", "95% interval of B - A"):
+        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
+    for key, delta in comparison.deltas.items():
+        table.add_row(
+            key,
+            _format(comparison.value("a", key)),
+            _format(comparison.value("b", key)),
+            f"{delta.value:+.3f}",
+            _interval(delta),
+        )
+    console.print(table)
+    for name, report in (("A", comparison.a), ("B", comparison.b)):
+        line = Text(f"{name}: ", style="bold")
+        line.append_text(regime_text(report))
+        line.append(f"  {report.settings.get('checkpoint', '')}", style="dim")
+        console.print(line)
+    method = (
+        "paired bootstrap over prompts"
+        if comparison.paired
+        else ("unpaired approximation from the reports' intervals (no dumps to pair)")
+    )
+    console.print(f"intervals: {method}", style="dim")
+    print_warnings(console, comparison.warnings)
+    console.print(
+        Text(comparison.reason, style=COLLAPSE_STYLE if comparison.lost else "bold green")
+    )

@@ -1,0 +1,219 @@
+"""The `--dump DIR` files of SPEC "Dump format", written and read back: enough to redo the
+analysis elsewhere, to resume a scan from its samples, or to score its traces again.
+Every file is written atomically (`collapsecheck.files`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from collapsecheck.engines.backends.base import Sample
+from collapsecheck.engines.cross_scoring import (
+    CrossScores,
+    FlowScores,
+    column_groups,
+    first_of_each,
+)
+from collapsecheck.engines.reasoning import Trace
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_atomic, write_jsonl_atomic
+from collapsecheck.inputs.prompts import Prompt, RenderedPrompt, file_sha256
+from collapsecheck.measures.flow import FlowLogProbs
+from collapsecheck.measures.metrics import CrossLogProbs, PromptCounts, count_per_prompt
+
+PROMPTS_FILE = "prompts.jsonl"
+TRACES_FILE = "traces.jsonl"
+MATRIX_FILE = "cross_logprobs.npz"
+FLOW_FILE = "action_logprobs.npz"
+PER_PROMPT_FILE = "per_prompt.jsonl"
+REPORT_FILE = "report.json"
+
+
+def prompt_rows(rendered: Sequence[RenderedPrompt]) -> list[dict[str, Any]]:
+    return [{"index": i, "text": p.text, "ids": list(p.ids)} for i, p in enumerate(rendered)]
+
+
+def trace_rows(traces: Sequence[Trace]) -> list[dict[str, Any]]:
+    return [
+        {
+            "prompt_index": t.prompt_index,
+            "sample_index": t.sample_index,
+            "response": t.response,
+            "response_ids": list(t.response_ids),
+            "prefix_ids": list(t.prefix_ids),
+            "reasoning_ids": list(t.reasoning_ids),
+            "reasoning": t.reasoning,
+            "valid": t.valid,
+            "truncated": t.truncated,
+            "mid_ids": list(t.mid_ids),
+            "action_ids": list(t.action_ids),
+            "action": t.action,
+            "flow_valid": t.flow_valid,
+        }
+        for t in traces
+    ]
+
+
+def write_samples(
+    directory: Path, rendered: Sequence[RenderedPrompt], traces: Sequence[Trace]
+) -> None:
+    """prompts.jsonl and traces.jsonl: written as soon as sampling ends."""
+    write_jsonl_atomic(directory / PROMPTS_FILE, prompt_rows(rendered))
+    write_jsonl_atomic(directory / TRACES_FILE, trace_rows(traces))
+
+
+def write_per_prompt(directory: Path, table: Sequence[dict[str, Any]]) -> None:
+    """SPEC "Per-prompt table": one row per prompt."""
+    write_jsonl_atomic(directory / PER_PROMPT_FILE, table)
+
+
+def write_matrix(directory: Path, scores: CrossScores) -> None:
+    def save(stream: IO[bytes]) -> None:
+        np.savez(
+            stream,
+            sum=scores.matrix.sum,
+            mean=scores.matrix.mean,
+            row_prompt_index=scores.matrix.row_prompt,
+            row_trace_index=scores.row_trace_index,
+            reasoning_tokens=scores.reasoning_tokens,
+            **({} if scores.matrix.is_full else {"scored": scores.matrix.scored}),
+        )
+
+    write_atomic(directory / MATRIX_FILE, "wb", save)
+    if scores.flow is not None:
+        write_flow(directory, scores.flow)
+
+
+def write_flow(directory: Path, flow: FlowScores) -> None:
+    """SPEC's action_logprobs.npz: the three action matrices (NaN where not scored)."""
+
+    def save(stream: IO[bytes]) -> None:
+        np.savez(
+            stream,
+            input=flow.logprobs.input,
+            reasoning=flow.logprobs.reasoning,
+            natural=flow.logprobs.natural,
+            row_trace_index=flow.row_trace_index,
+            action_tokens=flow.action_tokens,
+        )
+
+    write_atomic(directory / FLOW_FILE, "wb", save)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise CollapsecheckError(f"{path}: missing from the dump directory") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise CollapsecheckError(f"{path}:{number}: malformed JSON ({err.msg})") from None
+    return rows
+
+
+def read_flow(directory: str | Path) -> FlowLogProbs | None:
+    """The action matrices of a dump, with what the flow metrics need from its traces; None
+    when the dump has none (the flow was not measured)."""
+    directory = Path(directory)
+    if not (directory / FLOW_FILE).is_file():
+        return None
+    prompts = read_jsonl(directory / PROMPTS_FILE)
+    traces = read_jsonl(directory / TRACES_FILE)
+    try:
+        with np.load(directory / FLOW_FILE) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        acting = [traces[int(i)] for i in arrays["row_trace_index"]]
+        return FlowLogProbs(
+            input=arrays["input"],
+            reasoning=arrays["reasoning"],
+            natural=arrays["natural"],
+            row_prompt=np.array([t["prompt_index"] for t in acting], dtype=np.int64),
+            column_group=column_groups([row["ids"] for row in prompts]),
+            reasoning_group=first_of_each(
+                [tuple(t["prefix_ids"] + t["reasoning_ids"]) for t in acting]
+            ),
+            actions=[t["action"] for t in acting],
+            responses_per_prompt=np.bincount(
+                [t["prompt_index"] for t in traces], minlength=len(prompts)
+            ).astype(float),
+        )
+    except (KeyError, ValueError, OSError, IndexError) as err:
+        raise CollapsecheckError(
+            f"{directory / FLOW_FILE}: not a complete flow dump ({err})"
+        ) from None
+
+
+def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
+    """The matrix and per-prompt counts of a dump: what `compute_metrics` needs to redo the
+    analysis."""
+    directory = Path(directory)
+    prompts = read_jsonl(directory / PROMPTS_FILE)
+    traces = read_jsonl(directory / TRACES_FILE)
+    try:
+        with np.load(directory / MATRIX_FILE) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+        matrix = CrossLogProbs(
+            sum=arrays["sum"],
+            mean=arrays["mean"],
+            row_prompt=arrays["row_prompt_index"],
+            column_group=column_groups([row["ids"] for row in prompts]),
+            scored=arrays.get("scored"),
+        )
+        counts = count_per_prompt(
+            len(prompts),
+            [row["prompt_index"] for row in traces],
+            [row["valid"] for row in traces],
+            [row["truncated"] for row in traces],
+            [row["reasoning"] for row in traces],
+        )
+    except FileNotFoundError:
+        raise CollapsecheckError(f"{directory / MATRIX_FILE}: missing from the dump") from None
+    except (KeyError, ValueError, OSError) as err:
+        raise CollapsecheckError(
+            f"{directory}: not a complete collapsecheck dump ({err})"
+        ) from None
+    return matrix, counts
+
+
+@dataclass
+class SampledPrompts:
+    """Prompts with their sampled responses, ready for reasoning extraction and
+    cross-scoring: what a dump or a rollout file holds."""
+
+    prompts: list[Prompt]
+    rendered: list[RenderedPrompt]
+    samples: list[list[Sample]]
+    settings: dict[str, Any]
+    rewards: list[list[float]] | None = None  # one per sample, where the rollouts carry them
+
+
+def read_dump_samples(directory: str | Path) -> SampledPrompts:
+    """A scan's dump: rendered prompts and sampled ids as they were, not re-tokenized."""
+    directory = Path(directory)
+    prompt_rows = read_jsonl(directory / PROMPTS_FILE)
+    trace_rows = read_jsonl(directory / TRACES_FILE)
+    try:
+        rendered = [RenderedPrompt(row["text"], tuple(row["ids"])) for row in prompt_rows]
+        samples: list[list[Sample]] = [[] for _ in rendered]
+        for row in trace_rows:
+            samples[row["prompt_index"]].append(
+                Sample(tuple(row["response_ids"]), bool(row["truncated"]))
+            )
+    except (KeyError, IndexError, TypeError) as err:
+        raise CollapsecheckError(
+            f"{directory}: not a complete collapsecheck dump ({err})"
+        ) from None
+    prompts = [
+        Prompt(r.text, f"{directory / PROMPTS_FILE}:{i + 1}") for i, r in enumerate(rendered)
+    ]
+    settings = {"rollouts": str(directory), "rollouts_sha256": file_sha256(directory / TRACES_FILE)}
+    return SampledPrompts(prompts, rendered, samples, settings)

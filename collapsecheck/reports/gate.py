@@ -1,0 +1,140 @@
+"""The CI gate: rules checked against a report, and the reports CI systems read (JUnit XML,
+Markdown for a pull-request comment or a job summary)."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from collapsecheck.config import GateConfig
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_text_atomic
+from collapsecheck.formatting import format_number
+from collapsecheck.measures.metrics import Estimate
+from collapsecheck.reports.report import KEY_METRICS, Report
+from collapsecheck.reports.run_report import RunReport
+
+RUN_KEYS = ("normalized_mi", "retrieval_skill", "conditional_entropy_est")
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    name: str
+    passed: bool
+    message: str
+
+
+def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
+    """The regime rule, then one rule per metric minimum."""
+    listed = ", ".join(sorted(gate.fail_on)) or "none"
+    results = []
+    for name, verdict in (("regime", report.verdict), ("flow", report.flow)):
+        regime = verdict.regime
+        failed = regime in gate.fail_on
+        results.append(
+            RuleResult(
+                name,
+                not failed,
+                f"{'flow ' if name == 'flow' else ''}verdict {regime} "
+                f"{'is' if failed else 'is not'} in --fail-on ({listed}): {verdict.reason}",
+            )
+        )
+    for key, minimum in sorted(gate.minimums.items()):
+        if key not in report.metrics:
+            raise CollapsecheckError(f"min.{key}: no such metric (see docs/SPEC.md)")
+        value = report.value(key)
+        passed = not math.isnan(value) and value >= minimum
+        results.append(
+            RuleResult(f"min {key}", passed, f"{key} = {value:.3f}, minimum {minimum:g}")
+        )
+    return results
+
+
+def failures(results: Sequence[RuleResult]) -> list[RuleResult]:
+    return [r for r in results if not r.passed]
+
+
+def write_junit(path: Path, suite: str, results: Sequence[RuleResult]) -> Path:
+    """One test case per rule; a failing rule is a <failure> with its message."""
+    root = ET.Element("testsuites")
+    element = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(results)),
+        failures=str(len(failures(results))),
+        errors="0",
+        skipped="0",
+    )
+    for result in results:
+        case = ET.SubElement(element, "testcase", name=result.name, classname=suite)
+        if result.passed:
+            ET.SubElement(case, "system-out").text = result.message
+        else:
+            ET.SubElement(case, "failure", message=result.message, type="collapsecheck")
+    ET.indent(root)
+    text = ET.tostring(root, encoding="unicode", xml_declaration=True)
+    return write_text_atomic(path, text + "\n")
+
+
+def _cell(report: Report, key: str) -> str:
+    metric = report.metrics[key]
+    if isinstance(metric, Estimate):
+        low, high = format_number(metric.low), format_number(metric.high)
+        return f"{format_number(metric.value)} [{low}, {high}]"
+    return format_number(float(metric))
+
+
+def markdown_run(run: RunReport) -> list[str]:
+    """The run's table and onset, in Markdown."""
+    logged = run.logged_series
+    header = ["step", "normalized MI", "retrieval skill", "H(Z\\|X) nats/token", "regime", "flow"]
+    header += [f"{name} (log)" for name in logged]
+    lines = [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
+    for step in run.steps:
+        report = step.report
+        cells = [_cell(report, key) for key in RUN_KEYS]
+        cells += [f"`{report.verdict.regime}`", f"`{report.flow.regime}`"]
+        windows = [step.training_log.get(name) for name in logged]
+        cells += ["-" if w is None else format_number(w.mean) for w in windows]
+        lines.append(f"| {step.checkpoint.label} | {' | '.join(cells)} |")
+    onset = f"step {run.onset_step} ({run.onset.kind}): {run.onset.reason}" if run.onset else "none"
+    findings = [f"- **{f.kind}**: {f.text}" for f in run.findings]
+    return [*lines, "", f"**Onset:** {onset}", "", *findings, *([""] if findings else [])]
+
+
+def markdown_report(
+    title: str, report: Report, results: Sequence[RuleResult], run: RunReport | None = None
+) -> str:
+    """A summary of one report and its gate (and of the run it ends), fit for a pull-request
+    comment or a job summary."""
+    status = "passed" if not failures(results) else "failed"
+    lines = [
+        f"## collapsecheck: {title}",
+        "",
+        *(markdown_run(run) if run is not None else []),
+        f"**Verdict: `{report.verdict.regime}`**"
+        + (f" ({report.verdict.style})" if report.verdict.style else "")
+        + (" (partial)" if report.verdict.partial else "")
+        + f": {report.verdict.reason}",
+        "",
+        f"**Flow: `{report.flow.regime}`**: {report.flow.reason}",
+        "",
+        "| metric | value [95% interval] |",
+        "|---|---|",
+        *(f"| `{key}` | {_cell(report, key)} |" for key in KEY_METRICS),
+        "",
+        f"### Gate: {status}",
+        "",
+        "| rule | result | detail |",
+        "|---|---|---|",
+        *(
+            f"| {r.name} | {'pass' if r.passed else '**FAIL**'} | {r.message.replace('|', '/')} |"
+            for r in results
+        ),
+        "",
+    ]
+    return "\n".join(lines)

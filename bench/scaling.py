@@ -17,7 +17,7 @@ from pathlib import Path
 from bench_scoring import machine, write_section
 
 from collapsecheck import scan
-from collapsecheck.runs.cost import plan_work
+from collapsecheck.runs.cost import unit_cost
 from collapsecheck.settings import DEFAULT_NEGATIVES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ MARKER = "## Scaling with the batch"
 def measure(checkpoint: Path, n: int, flow: bool) -> dict:
     report = scan(checkpoint, PROMPTS, num_prompts=n, k=K, max_new_tokens=NEW_TOKENS,
                   device="cpu", no_flow=not flow, bootstrap=200)  # fmt: skip
-    plan = plan_work(n, K, NEW_TOKENS, DEFAULT_NEGATIVES, flow)
+    plan = unit_cost(n, K, NEW_TOKENS, DEFAULT_NEGATIVES, flow)
     return {"scoring_s": report.timing["scoring_s"], "pairs": plan.xz_pairs + plan.flow_pairs}
 
 

@@ -208,54 +208,6 @@ ScanPrompts = Annotated[
 Rescan = Annotated[bool, typer.Option("--rescan", help="Ignore cached results.")]
 
 
-def check_combinations(
-    checkpoint: Path,
-    is_run: bool,
-    outputs: OutputSettings,
-    baseline: Path | None,
-    train_log: Path | None,
-) -> None:
-    """Options that do not go together with what `checkpoint` is, refused before any work."""
-    if outputs.dump is not None and (is_run or outputs.out is not None):
-        raise CollapsecheckError(
-            "--dump takes one checkpoint without --out (cached scans keep their dump under --out)"
-        )
-    if outputs.plot is not None and not is_run:
-        raise CollapsecheckError(f"--plot draws a run: {checkpoint} is a single checkpoint")
-    if not is_run and (baseline is not None or train_log is not None):
-        raise CollapsecheckError(
-            f"--baseline and --train-log go with a run directory, not one checkpoint: {checkpoint}"
-        )
-
-
-def check_ray(checkpoint: Path, is_run: bool, sharded: bool) -> None:
-    if not is_run:
-        raise CollapsecheckError(f"--ray spreads a run directory: {checkpoint} is one checkpoint")
-    if sharded:
-        raise CollapsecheckError(
-            "--ray and --shard (or a Slurm array task) both split the run: choose one"
-        )
-
-
-def check_shard(checkpoint: Path, is_run: bool, outputs: OutputSettings) -> None:
-    """A shard splits a run and writes only the results cache: the join writes the rest."""
-    if not is_run:
-        raise CollapsecheckError(f"--shard splits a run directory: {checkpoint} is one checkpoint")
-    # every output but the directories (--out is the cache; --dump never goes with a run)
-    written = [
-        f.name
-        for f in dataclasses.fields(outputs)
-        if not f.metadata["directory"] and getattr(outputs, f.name) is not None
-    ]
-    if written:
-        from collapsecheck.reports.outputs import option_name
-
-        raise CollapsecheckError(
-            f"a shard writes only the results cache: {', '.join(map(option_name, written))} "
-            "belong to the join (the same command without --shard)"
-        )
-
-
 def parse_train_keys(values: list[str]) -> dict[str, str]:
     """--train-key NAME=KEY, repeatable."""
     keys = {}
@@ -265,12 +217,6 @@ def parse_train_keys(values: list[str]) -> dict[str, str]:
             raise CollapsecheckError(f"--train-key expects NAME=KEY, got {value!r}")
         keys[name] = key
     return keys
-
-
-def require_prompts(prompts: Path | None) -> Path:
-    if prompts is None:
-        raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
-    return prompts
 
 
 def finish_gate(
@@ -330,87 +276,23 @@ def gate_run_report(run_report: Any, gate: Any, title: str, outputs: OutputSetti
         finish_gate(results, outputs.junit, "collapsecheck")
 
 
-def write_prompt_outputs(
-    report: Any, outputs: OutputSettings, prompt_file: Path | None, settings: Settings
-) -> None:
-    """--per-prompt and --keep-prompts (when the report has the SNR section to keep from)."""
-    from collapsecheck.reports.outputs import write_kept_prompts, write_per_prompt_table
+def gate_report(report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
+    """A run's report or one checkpoint's, written, printed and gated."""
+    from collapsecheck.reports.run_report import RunReport
 
-    write_per_prompt_table(report, outputs.per_prompt)
-    if outputs.keep_prompts is not None and report.snr is not None and prompt_file is not None:
-        line = write_kept_prompts(
-            report, prompt_file, settings.sampling.num_prompts, settings.prompts.prompt_field,
-            outputs.keep_prompts,
-        )  # fmt: skip
-        stderr.print(line, style="dim")
+    gated = gate_run_report if isinstance(report, RunReport) else gate_single_report
+    gated(report, gate, title, outputs)
 
 
-def trainer_rollouts_of(checkpoint: Path, is_run: bool, rollouts: Path | None, sample: bool) -> Any:
-    """The run's own rollouts when they are to be scored (`rollout_runs.RunRollouts`), else
-    None: the scan samples."""
-    from collapsecheck.runs.rollout_run import find_run_rollouts
-
-    if rollouts is not None and sample:
-        raise CollapsecheckError(
-            "--rollouts scores the trainer's rollouts, --sample samples: choose one"
-        )
-    if rollouts is not None and not is_run:
-        raise CollapsecheckError(
-            f"--rollouts goes with a run directory: {checkpoint} is one checkpoint (score "
-            "ROLLOUT_FILE --checkpoint CHECKPOINT scores one file)"
-        )
-    return None if sample or not is_run else find_run_rollouts(checkpoint, rollouts)
+def say(line: str) -> None:
+    """A line for the user beside the results (the plan, a note), on stderr."""
+    stderr.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class Where:
-    """How `scan` was asked to spread the work: --shard, --ray, --dry-run."""
+def verdict_thresholds(gate: Any) -> Any:
+    from collapsecheck.runs.units import VerdictThresholds
 
-    shard: str | None
-    ray: str | None
-    dry_run: bool
-
-
-def score_run_rollouts(
-    run_dir: Path, found: Any, run: list[Any], notes: list[str], settings: Settings,
-    outputs: OutputSettings, where: Where, prompts: Path | None, baseline: Path | None,
-    log: Path | bool, keys: dict[str, str], rescan: bool, gate: Any,
-) -> Any:  # fmt: skip
-    """`scan RUN` from the rollouts its trainer wrote: the plan, then the run report (None
-    after --dry-run)."""
-    from collapsecheck.reports.console import progress_bars
-    from collapsecheck.reports.outputs import check_outputs, option_name
-    from collapsecheck.runs.rollout_run import prepare_run_rollouts, score_run
-    from collapsecheck.runs.run import with_baseline
-
-    if where.shard is not None or where.ray is not None:
-        raise CollapsecheckError(
-            f"--shard and --ray spread sampled scans; {found.folder} holds the trainer's "
-            "rollouts, scored in one process (pass --sample to sample afresh instead)"
-        )
-    if outputs.keep_prompts is not None:
-        raise CollapsecheckError(
-            f"{option_name('keep_prompts')} with a run's rollouts: keep from one step with "
-            "score ROLLOUT_FILE --checkpoint CHECKPOINT --keep-prompts FILE"
-        )
-    check_outputs(outputs)
-    steps = with_baseline(run, baseline, settings)
-    work = prepare_run_rollouts(found, steps, settings, prompts)
-    stderr.print(f"traces: {found.describe()}", style="dim", highlight=False, soft_wrap=True)
-    plan = work.plan(settings, outputs.out, prompts, rescan)
-    if where.dry_run:
-        stdout.print(plan.line(), markup=False, highlight=False, soft_wrap=True)
-        return None
-    stderr.print(plan.line(), style="dim", markup=False, highlight=False, soft_wrap=True)
-    with progress_bars(stderr) as progress:
-        report = score_run(
-            run_dir, work, settings, checkpoints=run, notes=notes, baseline=baseline,
-            training_prompts=prompts, training_log=log, train_keys=keys,
-            cache_root=outputs.out, rescan=rescan, thresholds=gate.thresholds,
-            flow_thresholds=gate.flow_thresholds, progress=progress,
-        )  # fmt: skip
-    write_prompt_outputs(report.steps[-1].report, outputs, None, settings)
-    return report
+    return VerdictThresholds(gate.thresholds, gate.flow_thresholds)
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -497,101 +379,30 @@ def scan(
     ] = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
-    from collapsecheck.inputs.discovery import find_checkpoints
-    from collapsecheck.reports.console import print_notes, progress_bars
-    from collapsecheck.reports.outputs import check_outputs
-    from collapsecheck.runs.diagnose import scan as run_scan
-    from collapsecheck.runs.executors import (
-        connect_ray,
-        plan_scan,
-        resolve_shard,
-        scan_on_ray,
-        scan_share,
-    )
-    from collapsecheck.runs.run import cached_scan, scan_run, with_baseline
+    from collapsecheck.reports.console import progress_bars
+    from collapsecheck.reports.outputs import write_prompt_outputs
+    from collapsecheck.runs.request import ScanRequest, carry_out
 
-    settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = gate_settings.load()
-        notes: list[str] = []
-        single, run = find_checkpoints(checkpoint, load.base_model, notes)
-        if not run:
-            print_notes(stderr, notes)
-        check_combinations(checkpoint, bool(run), outputs, baseline, train_log)
-        keys = parse_train_keys(train_key or [])
-        found = trainer_rollouts_of(checkpoint, bool(run), rollouts, sample)
-        if found is not None:
-            where = Where(shard, ray, dry_run)
-            log = False if no_train_log else (train_log or True)
-            report = score_run_rollouts(
-                checkpoint, found, run, notes, settings, outputs, where, prompts, baseline, log,
-                keys, rescan, gate,
-            )  # fmt: skip
-    if found is not None:
-        if report is not None:
-            gate_run_report(report, gate, str(checkpoint), outputs)
-        return
-    with user_errors():
-        prompt_file = require_prompts(prompts)
-        check_outputs(outputs, rewards, prompt_file)
-        steps = with_baseline(run, baseline, settings) if run else []
-        part = resolve_shard(shard, os.environ) if run or shard else None
-        if part is not None:
-            check_shard(checkpoint, bool(run), outputs)
-            steps = part.share(steps)
-            stderr.print(f"{part.describe()}: {len(steps)} checkpoint(s) of this run", style="dim")
-        targets = [c.checkpoint for c in steps] if run else [single]
-        plan = plan_scan(
-            targets, prompt_file, settings, outputs.out, bool(run or outputs.out) and not rescan
-        )
-        if dry_run:
-            stdout.print(plan.line(), markup=False, highlight=False, soft_wrap=True)
-            return
-        if ray is not None:
-            check_ray(checkpoint, bool(run), part is not None)
-            stderr.print(connect_ray(ray), style="dim", highlight=False, soft_wrap=True)
-        stderr.print(plan.line(), style="dim", markup=False, highlight=False, soft_wrap=True)
-        common = {"thresholds": gate.thresholds, "flow_thresholds": gate.flow_thresholds}
-        if part is not None:
-            with progress_bars(stderr) as progress:
-                scan_share(steps, prompt_file, settings, outputs.out, rescan, progress)
-            stderr.print(
-                f"{part.describe()} done: {', '.join(c.label for c in steps) or 'nothing'} in the "
-                "results cache; the same command without --shard joins the run",
-                highlight=False, soft_wrap=True,
-            )  # fmt: skip
-            return
-        if ray is not None:
-            with progress_bars(stderr) as progress:
-                hosts = scan_on_ray(steps, prompt_file, settings, outputs.out, rescan, progress)
-            where = ", ".join(sorted(set(hosts))) or "no host"
-            stderr.print(
-                f"Ray: {len(hosts)} checkpoint(s) scanned on {where}; writing the run report "
-                "from the results cache",
-                style="dim", highlight=False, soft_wrap=True,
-            )  # fmt: skip
-            rescan = False  # the tasks just rescanned; the join reads what they wrote
+        request = ScanRequest(
+            checkpoint, Settings(load, sampling, rendering, scoring, analysis, rewards), outputs,
+            verdict_thresholds(gate), prompts, rollouts, sample, baseline,
+            False if no_train_log else (train_log or True), parse_train_keys(train_key or []),
+            shard, ray, dry_run, rescan,
+        )  # fmt: skip
         with progress_bars(stderr) as progress:
-            common["progress"] = progress
-            if run:
-                report = scan_run(
-                    checkpoint, prompt_file, settings, checkpoints=run, notes=notes,
-                    baseline=baseline, training_log=False if no_train_log else (train_log or True),
-                    train_keys=keys, cache_root=outputs.out, rescan=rescan, **common,
-                )  # fmt: skip
-            elif outputs.out is not None:
-                report = cached_scan(
-                    single, prompt_file, settings, cache_root=outputs.out, rescan=rescan, **common
-                )
-            else:
-                report = run_scan(single, prompt_file, settings, dump=outputs.dump, **common)
-        write_prompt_outputs(
-            report.steps[-1].report if run else report, outputs, prompt_file, settings
+            outcome = carry_out(request, say, progress)
+        if dry_run:
+            stdout.print(outcome.planned.plan.line(), markup=False, highlight=False, soft_wrap=True)
+        if outcome.report is None:
+            return
+        kept = write_prompt_outputs(
+            outcome.last_report, outputs, outcome.planned.prompt_file, request.settings
         )
-    if run:
-        gate_run_report(report, gate, str(checkpoint), outputs)
-    else:
-        gate_single_report(report, gate, str(checkpoint), outputs)
+        if kept:
+            say(kept)
+    gate_report(outcome.report, gate, str(checkpoint), outputs)
 
 
 @app.command()
@@ -636,14 +447,15 @@ def score(
     ] = None,
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
-    from collapsecheck.inputs.rollouts import RolloutOptions, parse_rollouts
+    from collapsecheck.inputs.rollouts import RolloutOptions
     from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import (
         check_keep_rollout_prompts,
         check_outputs,
-        write_kept_rollout_prompts,
+        write_prompt_outputs,
     )
-    from collapsecheck.runs.diagnose import score as run_score
+    from collapsecheck.runs.executors import run_here
+    from collapsecheck.runs.plan import plan_rollout_file, read_rollouts_checked
 
     settings = Settings(
         load=load, prompts=rendering, scoring=scoring, analysis=analysis, rewards=rewards
@@ -652,35 +464,40 @@ def score(
         gate = gate_settings.load()
         check_outputs(outputs)
         options = RolloutOptions(
-            prompt_field=rendering.prompt_field,
-            response_field=response_field,
-            response_ids_field=response_ids_field,
-            group_field=group_field,
-            turn_sampling=turn_sampling,
-            pairs=pairs,
-            seed=analysis.seed,
-            reward_field=rewards.reward_field,
-        )
-        parsed = None
+            rendering.prompt_field, response_field, response_ids_field, group_field,
+            turn_sampling, pairs, analysis.seed, rewards.reward_field,
+        )  # fmt: skip
+        parsed = read_rollouts_checked(rollouts, options, prompts)  # before the checkpoint
         if outputs.keep_prompts is not None:
-            parsed = parse_rollouts(rollouts, options)
             check_keep_rollout_prompts(outputs.keep_prompts, rollouts, parsed, prompts)
+        plan = plan_rollout_file(
+            checkpoint_row(checkpoint, load), rollouts, options, settings,
+            training_prompts=prompts, dump=outputs.dump, parsed=parsed,
+        )  # fmt: skip
         with progress_bars(stderr) as progress:
-            report = run_score(
-                checkpoint, rollouts, settings, rollout_options=options,
-                thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds,
-                dump=outputs.dump, progress=progress, training_prompts=prompts, parsed=parsed,
-            )  # fmt: skip
-        notes = report.settings.get("trainer_rollouts", {}).get("notes", [])
-        if "prompt_matching" in report.settings:
-            notes = [*notes, report.settings["prompt_matching"]]
-        for note in notes:
-            stderr.print(note, style="dim", highlight=False, soft_wrap=True)
-        write_prompt_outputs(report, outputs, None, settings)
-        if outputs.keep_prompts is not None:
-            line = write_kept_rollout_prompts(report, outputs.keep_prompts, prompts)
-            stderr.print(line, style="dim", highlight=False, soft_wrap=True)
+            (report,) = run_here(plan, verdict_thresholds(gate), progress, labelled=False)
+        for note in score_notes(report):
+            say(note)
+        kept = write_prompt_outputs(report, outputs, None, settings)
+        if kept:
+            say(kept)
     gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs)
+
+
+def checkpoint_row(path: Path, load: LoadSettings) -> Any:
+    """The checkpoint `score` names, recognised before its rollouts are read."""
+    from collapsecheck.inputs.checkpoint import require_checkpoint
+    from collapsecheck.runs.run import single_row
+
+    return single_row(require_checkpoint(path, load.base_model))
+
+
+def score_notes(report: Any) -> list[str]:
+    """What reading the rollouts decided (the trainer's reader, matching veRL's inputs)."""
+    notes = report.settings.get("trainer_rollouts", {}).get("notes", [])
+    if "prompt_matching" in report.settings:
+        notes = [*notes, report.settings["prompt_matching"]]
+    return notes
 
 
 def obtain_report(
@@ -701,8 +518,10 @@ def obtain_report(
     single, run = find_checkpoints(path, settings.load.base_model)
     if run:
         raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
+    if prompts is None:
+        raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
     return cached_scan(
-        single, require_prompts(prompts), settings, cache_root=cache, rescan=rescan,
+        single, prompts, settings, cache_root=cache, rescan=rescan,
         thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, progress=progress,
     )  # fmt: skip
 

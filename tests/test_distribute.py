@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.runs.cost import plan_work
+from collapsecheck.runs.cost import unit_cost
 from collapsecheck.runs.executors import Shard, parse_shard, slurm_shard
 from tests.conftest import EXAMPLES, PROMPTS
 
@@ -24,14 +24,15 @@ def invoke(*args, env=None):
 
 
 def test_the_plan_counts_pairs_and_tokens():
-    full = plan_work(16, 8, 64, None, flow=True)
+    full = unit_cost(16, 8, 64, None, flow=True)
     assert full.xz_pairs == 16 * 8 * 16  # every trace under every prompt
     assert full.flow_pairs == 128 * 16 + 2 * 128 * 128
     assert full.max_tokens == (128 + full.xz_pairs + full.flow_pairs) * 64
-    sampled = plan_work(16, 8, 64, 3, flow=False)
+    sampled = unit_cost(16, 8, 64, 3, flow=False)
     assert sampled.xz_pairs == 128 * 4 and sampled.flow_pairs == 0
-    assert plan_work(4, 2, 8, 3, flow=False).negatives is None  # 3 others: all of them
-    assert "2 checkpoints (1 cached)" in plan_work(4, 2, 8, None, False, 2, 1).line()
+    assert unit_cost(4, 2, 8, 3, flow=False).negatives is None  # 3 others: all of them
+    rollouts = unit_cost(3, 4, 0, None, flow=False, responses=10)  # groups of unequal size
+    assert rollouts.responses == 10 and rollouts.max_tokens == 0
 
 
 def test_shards_split_a_run_round_robin_and_cover_it_once():

@@ -13,7 +13,7 @@ from collapsecheck.engines.cross_scoring import chosen_swaps, negative_groups
 from collapsecheck.measures.flow import FlowLogProbs, flow_rows
 from collapsecheck.measures.metrics import matched_and_marginal
 from collapsecheck.reports.dump import read_dump, read_flow
-from collapsecheck.runs.cost import plan_work
+from collapsecheck.runs.cost import unit_cost
 from collapsecheck.settings import DEFAULT_NEGATIVES, Settings
 from tests.conftest import HEALTHY, PROMPTS
 
@@ -121,12 +121,12 @@ def test_the_sampled_swaps_are_unbiased_even_with_repeated_reasoning():
 def test_the_default_is_full_up_to_sixteen_prompts_and_bounded_beyond():
     assert Settings.build().scoring.negatives_bound == DEFAULT_NEGATIVES == 15
     assert Settings.build(negatives="all").scoring.negatives_bound is None
-    assert plan_work(16, 8, 64, 15, flow=False).negatives is None
-    small, large = plan_work(16, 8, 64, 15, True), plan_work(256, 8, 64, 15, True)
+    assert unit_cost(16, 8, 64, 15, flow=False).negatives is None
+    small, large = unit_cost(16, 8, 64, 15, True), unit_cost(256, 8, 64, 15, True)
     assert small.xz_pairs == 16 * 8 * 16 and large.xz_pairs == 256 * 8 * 16
     # per trace: 16 inputs, its own prompt's 8 traces and 30 others, twice
     assert large.flow_pairs == 256 * 8 * (16 + 2 * 38)
-    full = plan_work(256, 8, 64, None, True)
+    full = unit_cost(256, 8, 64, None, True)
     assert full.xz_pairs == 256 * 8 * 256 and full.flow_pairs == 2048 * 256 + 2 * 2048**2
 
 

@@ -14,7 +14,7 @@ from collapsecheck import score
 from collapsecheck.cli import app
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.trainer_rollouts import RolloutFile
-from collapsecheck.runs.rollout_run import pair_rollouts
+from collapsecheck.runs.pairing import pair_rollouts
 from tests.conftest import EXAMPLES, PROMPTS, ROOT
 
 TRL_RUN = ROOT / "tests" / "fixtures" / "trl-grpo-completions"  # completions at steps 2, 4, 6
@@ -161,8 +161,8 @@ def test_a_bad_completion_file_in_a_run_is_one_line_before_any_model_loads(tmp_p
         (["--sample", "--rollouts", VERL_ROLLOUTS],
          "--rollouts scores the trainer's rollouts, --sample samples: choose one"),
         (["-p", PROMPTS], f"--prompts {PROMPTS}: the rollouts in {TRL_RUN / 'completions'} hold"),
-        (["--shard", "0/2"], "--shard and --ray spread sampled scans"),
-        (["--keep-prompts", "kept.jsonl"], "--keep-prompts with a run's rollouts"),
+        (["--keep-prompts", "kept.jsonl"],
+         f"--keep-prompts kept.jsonl: the prompts are parquet ({TRL_RUN / 'completions'}"),
     ],
 )  # fmt: skip
 def test_options_that_do_not_fit_a_runs_rollouts_are_refused(extra, message):

@@ -34,7 +34,7 @@ def test_trls_completions_file_is_read_as_trl_wrote_it():
     assert read.trainer == "trl" and read.step == 4
     frame = pd.read_parquet(TRL_FILE)
     assert len(read.rows) == len(frame) == 32
-    where, first = read.rows[0]
+    where, first, number = read.rows[0]
     assert where == f"{TRL_FILE}, row 1"
     # chat messages as TRL logged them; the completion is the assistant message's text
     assert first["prompt"][0]["role"] == "system"
@@ -103,7 +103,7 @@ def test_verls_rollout_dump_is_read_as_verl_wrote_it():
     assert read.trainer == "verl" and read.step == 2
     lines = [json.loads(line) for line in VERL_FILE.read_text().splitlines()]
     assert len(read.rows) == len(lines) == 64
-    where, first = read.rows[0]
+    where, first, number = read.rows[0]
     assert where == f"{VERL_FILE}:1"
     assert first["prompt"] == lines[0]["input"] and first["response"] == lines[0]["output"]
     assert first["reward"] == lines[0]["score"]
@@ -159,19 +159,23 @@ def test_prompts_with_a_trl_file_is_refused_before_any_model_loads(tmp_path):
     ]
 
 
-def test_keep_prompts_from_trl_completions_writes_their_prompt_rows(tmp_path):
-    kept = tmp_path / "kept.jsonl"
+def test_keep_prompts_from_trl_completions_writes_their_own_rows(tmp_path):
+    kept = tmp_path / "kept.parquet"
     result = score(
         TRL_FILE, "-c", CHECKPOINT, "--keep-prompts", kept, "--json", tmp_path / "r.json"
     )
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    rows = pd.read_parquet(kept)
     assert len(rows) == len(report["snr"]["kept_prompts"]) > 0
     assert f"kept {len(rows)} of 4 prompts" in result.stderr
-    # each row is a prompt of the file as TRL logged it (chat messages), ready for a dataset
-    logged = {json.dumps(plain_value(p)) for p in pd.read_parquet(TRL_FILE)["prompt"]}
-    assert all(json.dumps(row["prompt"]) in logged for row in rows)
+    # each kept prompt is one row of the file as TRL logged it, every column kept, its prompt
+    # (chat messages) ready for a dataset
+    logged = pd.read_parquet(TRL_FILE)
+    assert list(rows.columns) == list(logged.columns)
+    prompts = [json.dumps(plain_value(p)) for p in rows["prompt"]]
+    assert len(set(prompts)) == len(rows)  # one row per kept prompt
+    assert set(prompts) <= {json.dumps(plain_value(p)) for p in logged["prompt"]}
 
 
 def test_keep_prompts_from_verl_rollouts_writes_the_training_rows(tmp_path):
@@ -186,9 +190,9 @@ def test_keep_prompts_from_verl_rollouts_writes_the_training_rows(tmp_path):
 
 
 def test_keep_prompts_refusals_come_before_any_model_loads(tmp_path):
-    parquet = score(TRL_FILE, "-c", tmp_path / "none", "--keep-prompts", tmp_path / "k.parquet")
+    parquet = score(TRL_FILE, "-c", tmp_path / "none", "--keep-prompts", tmp_path / "k.jsonl")
     assert parquet.returncode == 2
-    assert "the rollouts' prompts are written as JSONL rows" in parquet.stderr
+    assert f"the prompts are parquet ({TRL_FILE}); give a file of that format" in parquet.stderr
     unrewarded = tmp_path / "r.jsonl"
     rows = [{"prompt": "a", "response": "x"}, {"prompt": "b", "response": "y"}]
     unrewarded.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -139,12 +139,7 @@ def jsonl_rows(path: Path, lines: list[str]) -> list[tuple[str, dict[str, Any], 
     return rows
 
 
-def read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """The rows of a JSONL or parquet file, each with where it is ("FILE:LINE", "FILE: row N")."""
-    return [(where, row) for where, row, _ in _numbered_rows(path)]
-
-
-def _numbered_rows(path: Path) -> list[tuple[str, dict[str, Any], int]]:
+def numbered_rows(path: Path) -> list[tuple[str, dict[str, Any], int]]:
     if path.suffix.lower() in PARQUET_SUFFIXES:
         return [(f"{path}: row {n}", row, n) for n, row in enumerate(read_parquet_rows(path), 1)]
     return jsonl_rows(path, _decode_lines(path))
@@ -158,7 +153,7 @@ def load_prompts(
     if not path.is_file():
         raise CollapsecheckError(f"prompt file not found: {path}")
     if path.suffix.lower() in PARQUET_SUFFIXES:
-        rows = _numbered_rows(path)
+        rows = numbered_rows(path)
     else:
         lines = _decode_lines(path)
         if _is_jsonl(path, lines):
@@ -242,12 +237,12 @@ def check_same_format(source: Path, target: Path, option: str) -> None:
         )
 
 
-def write_prompt_rows(source: Path, prompts: Sequence[Prompt], target: Path) -> Path:
-    """The rows of `prompts` exactly as `source` holds them, in its format: JSONL and text
-    lines verbatim, parquet rows with every column (for the next training round)."""
+def write_prompt_rows(source: Path, numbers: Sequence[int], target: Path) -> Path:
+    """Rows of `source` (by their numbers: a JSONL or text line, a parquet row) exactly as it
+    holds them, in its format: JSONL and text lines verbatim, parquet rows with every column
+    (for the next training round)."""
     from collapsecheck.files import write_atomic, write_text_atomic
 
-    numbers = [p.number for p in prompts]
     if source.suffix.lower() in PARQUET_SUFFIXES:
         import pandas as pd
 

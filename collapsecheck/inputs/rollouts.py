@@ -33,12 +33,13 @@ from collapsecheck.inputs.prompts import (
     Prompt,
     file_sha256,
     load_prompts,
+    numbered_rows,
     prompt_from_row,
-    read_rows,
     render_prompts,
 )
 from collapsecheck.inputs.rewards import as_reward
 from collapsecheck.inputs.trainer_rollouts import trainer_rollouts
+from collapsecheck.inputs.trainer_rollouts.base import Row
 from collapsecheck.reports.dump import SampledPrompts, read_dump_samples
 from collapsecheck.settings import PromptSettings, Settings
 
@@ -105,11 +106,13 @@ def _field(row: dict[str, Any], wanted: str | None, defaults: Sequence[str], whe
 
 
 def _turn(
-    row: dict[str, Any], options: RolloutOptions, where: str, reward: float | None = None
-) -> _Turn:
-    """One response with its context; its reward is the row's own, else `reward` (a
+    row: dict[str, Any], options: RolloutOptions, where: str, number: int,
+    reward: float | None = None,
+) -> _Turn:  # fmt: skip
+    """One response with its context and the number of the file's row it came from (so
+    --keep-prompts can write that row back); its reward is the row's own, else `reward` (a
     trajectory's, for each of its turns)."""
-    prompt = Prompt(prompt_from_row(row, options.prompt_field, where), where)
+    prompt = Prompt(prompt_from_row(row, options.prompt_field, where), where, number=number)
     if options.response_ids_field:
         ids = _field(row, options.response_ids_field, (), where)
         if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
@@ -131,12 +134,10 @@ def _sample(turn: _Turn, tokenizer: Any) -> Sample:
     return Sample(tuple(int(i) for i in ids), turn.truncated)
 
 
-def _group_single_turns(
-    rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
-) -> list[list[_Turn]]:
+def _group_single_turns(rows: list[Row], options: RolloutOptions) -> list[list[_Turn]]:
     groups: dict[str, list[_Turn]] = {}
-    for where, row in rows:
-        turn = _turn(row, options, where)
+    for where, row, number in rows:
+        turn = _turn(row, options, where, number)
         if options.group_field or any(f in row for f in GROUP_FIELDS):
             key = json.dumps(_field(row, options.group_field, GROUP_FIELDS, where), default=str)
         else:
@@ -146,13 +147,13 @@ def _group_single_turns(
 
 
 def _sample_turns(
-    rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+    rows: list[Row], options: RolloutOptions
 ) -> tuple[list[list[_Turn]], dict[str, Any]]:
     """(trajectory, turn) pairs drawn without replacement: every pair equally likely
     (turn-uniform), every trajectory equally likely then a turn within it
     (trajectory-uniform), or each trajectory's first turn."""
     pairs, weights = [], []
-    for where, row in rows:
+    for where, row, line in rows:
         turns = row[TURNS_FIELD]
         if not isinstance(turns, list) or not turns:
             raise CollapsecheckError(f"{where}: '{TURNS_FIELD}' must be a non-empty list")
@@ -162,7 +163,7 @@ def _sample_turns(
             if not isinstance(turn, dict):
                 raise CollapsecheckError(f"{where} turn {number}: expected an object")
             trajectory_reward = _reward(row, options, where)
-            pairs.append(_turn(turn, options, f"{where} turn {number}", trajectory_reward))
+            pairs.append(_turn(turn, options, f"{where} turn {number}", line, trajectory_reward))
             weights.append(1.0 / len(turns) if options.turn_sampling == "trajectory" else 1.0)
     count = min(options.pairs or len(pairs), len(pairs))
     rng = np.random.default_rng(options.seed)
@@ -199,7 +200,7 @@ def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
             "trainer": written.trainer, "step": written.step, "notes": written.notes,
         }  # fmt: skip
     else:
-        rows = read_rows(path)
+        rows = numbered_rows(path)
     if not rows:
         raise CollapsecheckError(f"{path}: no rollouts found (the file is empty)")
     if TURNS_FIELD in rows[0][1]:
@@ -234,7 +235,9 @@ def match_decoded_inputs(
             else None
         )
         matched += row is not None
-        groups.append(group if row is None else [dataclasses.replace(t, prompt=row) for t in group])
+        # an unmatched input keeps its decoded text and has no row of the training file
+        prompt = row or dataclasses.replace(group[0].prompt, number=None)
+        groups.append([dataclasses.replace(t, prompt=prompt) for t in group])
     note = (
         f"{matched} of {len(groups)} inputs matched a row of {source} and are scored in the "
         "context the trainer rendered from it"
@@ -263,7 +266,7 @@ def read_rollouts(
 
 
 def _rewards(
-    groups: list[list[_Turn]], rows: list[tuple[str, dict[str, Any]]], options: RolloutOptions
+    groups: list[list[_Turn]], rows: list[Row], options: RolloutOptions
 ) -> tuple[list[list[float]] | None, str | None]:
     """Every response's reward and where they came from ("per response", "per turn", "per
     trajectory"), or (None, None) when no row has one; some but not all is an error."""
@@ -276,6 +279,6 @@ def _rewards(
     if TURNS_FIELD not in rows[0][1]:
         source = "per response"
     else:
-        own = any(_reward(t, options, w) is not None for w, r in rows for t in r[TURNS_FIELD])
+        own = any(_reward(t, options, w) is not None for w, r, _ in rows for t in r[TURNS_FIELD])
         source = "per turn" if own else "per trajectory"
     return [[turn.reward for turn in group] for group in groups], source

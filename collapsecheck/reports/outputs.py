@@ -4,14 +4,13 @@ the writers of the per-prompt table and the kept prompts."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import check_output_dir, check_output_file, write_atomic
-from collapsecheck.settings import OutputSettings, RewardSettings, flag_name
+from collapsecheck.settings import OutputSettings, RewardSettings, Settings, flag_name
 
 
 def option_name(name: str) -> str:
@@ -54,60 +53,68 @@ def write_per_prompt_table(report: Any, path: Path | None) -> None:
         write_atomic(path, "w", lambda stream: frame.to_csv(stream))
 
 
+def prompt_rows(
+    report: Any, prompt_file: Path | None, settings: Settings
+) -> tuple[Path, list[int | None]]:
+    """The file the report's prompts came from, and each one's row in it: a trace source's
+    own record (`prompt_rows`: rollouts), else the prompt set as the scan read it."""
+    from collapsecheck.inputs.prompts import load_prompts
+
+    recorded = report.settings.get("prompt_rows")
+    if recorded is not None:
+        return Path(recorded["file"]), list(recorded["rows"])
+    if prompt_file is None:
+        raise CollapsecheckError(
+            "--keep-prompts: this report does not record where its prompts came from (cached "
+            "before this version?): pass --rescan"
+        )
+    sampling, rendering = settings.sampling, settings.prompts
+    prompts = load_prompts(
+        prompt_file, num_prompts=sampling.num_prompts, field=rendering.prompt_field
+    )
+    return prompt_file, [p.number for p in prompts]
+
+
 def write_kept_prompts(
-    report: Any, prompt_file: Path, num_prompts: int | None, field: str | None, path: Path
+    report: Any, path: Path, prompt_file: Path | None, settings: Settings
 ) -> str:
-    """--keep-prompts: the rows of the prompts RAGEN's SNR filter keeps; returns the line
-    that says how many."""
-    from collapsecheck.inputs.prompts import load_prompts, write_prompt_rows
+    """--keep-prompts: the rows of the prompts RAGEN's SNR filter keeps, exactly as the file
+    they came from holds them (every column; the training file's rows for veRL inputs matched
+    to one); returns the line that says how many, and how many had no row to write."""
+    from collapsecheck.inputs.prompts import write_prompt_rows
 
-    prompts = load_prompts(prompt_file, num_prompts=num_prompts, field=field)
-    kept = [prompts[i] for i in report.snr["kept_prompts"]]
-    write_prompt_rows(prompt_file, kept, path)
-    return kept_line(report, len(kept), len(prompts), path)
-
-
-def kept_line(report: Any, kept: int, total: int, path: Path) -> str:
-    """The line that says how many prompts --keep-prompts wrote, and where."""
+    source, rows = prompt_rows(report, prompt_file, settings)
+    kept = [rows[i] for i in report.snr["kept_prompts"]]
+    written = [n for n in kept if n is not None]
+    write_prompt_rows(source, written, path)
     top_p = report.snr["snr_top_p"]
-    return f"kept {kept} of {total} prompts (SNR filter, top-p {top_p:g}) in {path}"
+    said = f"kept {len(kept)} of {len(rows)} prompts (SNR filter, top-p {top_p:g}) in {path}"
+    said += f", rows of {source}"
+    missing = len(kept) - len(written)
+    return said + (f"; {missing} matched no row of {source} and are left out" if missing else "")
 
 
 def check_keep_rollout_prompts(
     path: Path, rollouts: Path, parsed: Any, training: Path | None
 ) -> None:
-    """score --keep-prompts: rollouts with rewards, and a target in the format written (the
-    training file's, else JSONL)."""
-    from collapsecheck.inputs.prompts import PARQUET_SUFFIXES, check_same_format
+    """--keep-prompts from rollouts: rewards to keep by, and a target in the format of the
+    file whose rows are written (the training file's, else the rollout file's)."""
+    from collapsecheck.inputs.prompts import check_same_format
 
     if parsed is None or parsed.rewards is None:
         raise CollapsecheckError(
             f"--keep-prompts needs rewards: {rollouts} has no reward or score field "
             "(--reward-field NAME names another)"
         )
-    if training is not None:
-        check_same_format(training, path, "--keep-prompts")
-    elif path.suffix.lower() in PARQUET_SUFFIXES:
-        raise CollapsecheckError(
-            f"--keep-prompts {path}: the rollouts' prompts are written as JSONL rows (--prompts "
-            "TRAIN_FILE writes the training file's rows, in its format)"
-        )
+    check_same_format(training if training is not None else rollouts, path, "--keep-prompts")
 
 
-def write_kept_rollout_prompts(report: Any, path: Path, training: Path | None) -> str:
-    """score --keep-prompts: the kept prompts as the training file's rows (those matched to
-    one), else as JSONL rows {"prompt": text or chat messages}, the form TRL and veRL read;
-    returns the line that says how many."""
-    from collapsecheck.files import write_text_atomic
-    from collapsecheck.inputs.prompts import write_prompt_rows
-
-    kept = [report.prompts[i] for i in report.snr["kept_prompts"]]
-    said = kept_line(report, len(kept), len(report.prompts), path)
-    if training is None:
-        rows = "".join(json.dumps({"prompt": p.content}) + "\n" for p in kept)
-        write_text_atomic(path, rows)
-        return said
-    matched = [p for p in kept if p.number is not None]
-    write_prompt_rows(training, matched, path)
-    missing = len(kept) - len(matched)
-    return said + (f"; {missing} matched no row of {training} and are left out" if missing else "")
+def write_prompt_outputs(
+    report: Any, outputs: OutputSettings, prompt_file: Path | None, settings: Settings
+) -> str | None:
+    """--per-prompt and --keep-prompts (when the report has the SNR section to keep from);
+    the line that says what was kept, if anything was."""
+    write_per_prompt_table(report, outputs.per_prompt)
+    if outputs.keep_prompts is None or report.snr is None:
+        return None
+    return write_kept_prompts(report, outputs.keep_prompts, prompt_file, settings)

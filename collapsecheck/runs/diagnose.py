@@ -729,6 +729,7 @@ def score(
                     "prompts": data.settings["rollouts"],
                     "prompts_sha256": data.settings["rollouts_sha256"],
                     "samples_per_prompt": max(len(s) for s in data.samples),
+                    "prompt_rows": prompt_rows(data, rollouts, training_prompts),
                     **data.settings,
                 },
                 timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
@@ -740,6 +741,16 @@ def score(
                 ),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
+
+
+def prompt_rows(
+    data: SampledPrompts, rollouts: str | Path, training_prompts: str | Path | None
+) -> dict[str, Any]:
+    """The row of the file each scored prompt came from (the training file's, for inputs
+    matched to one; else the rollout file's), so --keep-prompts can write those rows back
+    from a fresh or a cached report. None: no row (a dump's prompt, an unmatched input)."""
+    source = training_prompts if training_prompts is not None else rollouts
+    return {"file": str(source), "rows": [p.number for p in data.prompts]}
 
 
 def require_decoded_inputs(

@@ -1,8 +1,8 @@
-"""Where a run's work goes: planned before it starts (`--dry-run`), split into shards
-(`--shard I/N`, or a Slurm array task's share), or spread as one Ray task per checkpoint over
-a Ray cluster (`--ray`). The pipeline below (`scan`, `cached_scan`) never knows where it runs:
-every share or task scans its checkpoints into the same results cache, each entry under a
-lock of its own, and a plain `scan RUN` (or the `--ray` driver) joins them.
+"""Where a plan's units run (`runs.plan`): in this process (`run_here`), as one share of a
+run (`--shard I/N`, or a Slurm array task's share: `share_of`), or as one Ray task per
+checkpoint on a Ray cluster (`--ray`: `run_on_ray`). The units never know where they run:
+every share or task writes its units into the same results cache, each entry under a lock
+of its own, and a plain `scan RUN` (or the `--ray` driver) joins them (`runs.join`).
 """
 
 from __future__ import annotations
@@ -10,22 +10,19 @@ from __future__ import annotations
 import socket
 import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from collapsecheck.engines.reasoning import action_spec
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.inputs.checkpoint import Checkpoint
-from collapsecheck.inputs.discovery import RunCheckpoint
-from collapsecheck.inputs.prompts import load_prompts
-from collapsecheck.progress import ProgressHook
-from collapsecheck.reports.dump import REPORT_FILE
+from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.report import Report
-from collapsecheck.runs.cache import cache_entry, default_cache_root
-from collapsecheck.runs.cost import Plan, plan_work
-from collapsecheck.runs.run import cached_scan, for_step
+from collapsecheck.runs.diagnose import open_backend
+from collapsecheck.runs.plan import ScanPlan
+from collapsecheck.runs.units import VerdictThresholds, WorkUnit, for_step, run_unit
 from collapsecheck.settings import Settings
+
+T = TypeVar("T")
 
 # a bare --ray: what ray.init() does with no address (RAY_ADDRESS, else a cluster running on
 # this machine, else a new local one)
@@ -46,7 +43,7 @@ class Shard:
     count: int
     source: str  # the option or the variables it was read from
 
-    def share(self, checkpoints: Sequence[RunCheckpoint]) -> list[RunCheckpoint]:
+    def share(self, checkpoints: Sequence[T]) -> list[T]:
         """Round robin in step order, so early and late (larger, slower) steps mix."""
         return [c for i, c in enumerate(checkpoints) if i % self.count == self.index]
 
@@ -92,42 +89,35 @@ def resolve_shard(option: str | None, environ: Mapping[str, str]) -> Shard | Non
     return parse_shard(option) if option is not None else slurm_shard(environ)
 
 
-def is_cached(checkpoint: Checkpoint, prompts: Path, settings: Settings, root: Path) -> bool:
-    entry = cache_entry(root, checkpoint, prompts, settings.numbers())
-    return (entry / REPORT_FILE).is_file()
+def share_of(plan: ScanPlan, shard: Shard) -> ScanPlan:
+    """A shard's share of a plan: its checkpoints round robin in run order, each with all of
+    its units (a checkpoint's rollout steps stay together: one model load)."""
+    return plan.only([u for group in shard.share(plan.by_checkpoint()) for u in group])
 
 
-def plan_scan(
-    checkpoints: Sequence[Checkpoint], prompts: Path, settings: Settings,
-    cache_root: Path | None, cached: bool = True,
-) -> Plan:  # fmt: skip
-    """The plan of a scan of `checkpoints`, read from the prompt file, the settings and the
-    cache (`cached`: whether the scan goes through it); no weights load."""
-    listed = load_prompts(
-        prompts, num_prompts=settings.sampling.num_prompts, field=settings.prompts.prompt_field
-    )
-    root = cache_root if cache_root is not None else default_cache_root()
-    done = sum(is_cached(c, prompts, settings, root) for c in checkpoints) if cached else 0
-    return plan_work(
-        len(listed), settings.sampling.k, settings.sampling.max_new_tokens,
-        settings.scoring.negatives_bound, action_spec(settings.scoring) is not None,
-        checkpoints=len(checkpoints), cached=done,
-    )  # fmt: skip
-
-
-def scan_share(
-    checkpoints: Sequence[RunCheckpoint], prompts: Path, settings: Settings,
-    cache_root: Path | None, rescan: bool, progress: ProgressHook,
+def run_here(
+    plan: ScanPlan, verdicts: VerdictThresholds, progress: ProgressHook = silent,
+    labelled: bool = True,
 ) -> list[Report]:  # fmt: skip
-    """A shard's checkpoints scanned into the results cache, one entry (and one lock) each;
-    the run report is the join's to write."""
+    """Every unit of the plan in this process, in order: finished cache entries read, the
+    others run, with one model load per checkpoint for all of its units still to run.
+    `labelled`: progress stages name each unit's step (a run's)."""
+    advance = progress("run", len(plan.units)) if labelled else (lambda n: None)
+    todo = plan.todo()
     reports = []
-    for c in checkpoints:
-        hook = for_step(progress, c.label)
-        reports.append(
-            cached_scan(c.checkpoint, prompts, settings, cache_root=cache_root, rescan=rescan,
-                        progress=hook)
-        )  # fmt: skip
+    for group in plan.by_checkpoint():
+        fresh = [u for u in group if u in todo]
+        checkpoint = group[0].checkpoint
+        # a unit alone loads its own model (its load is timed in its report)
+        shared = len(fresh) > 1
+        with open_backend(checkpoint, None, plan.settings) if shared else nullcontext() as model:
+            for unit in group:
+                hook = for_step(progress, unit.label) if labelled else progress
+                reports.append(run_unit(
+                    unit, plan.settings, verdicts, rescan=unit in fresh, progress=hook,
+                    backend=model, parsed=plan.parsed,
+                ))  # fmt: skip
+                advance(1)
     return reports
 
 
@@ -185,11 +175,11 @@ def task_resources(cluster: Mapping[str, float]) -> dict[str, float]:
     return {"num_gpus": 1} if cluster.get("GPU", 0) >= 1 else {"num_cpus": 1}
 
 
-def scan_into_cache(
-    checkpoint: Checkpoint, prompts: Path, settings: Settings, cache_root: Path, rescan: bool
-) -> str:
-    """One Ray task: a checkpoint scanned into the results cache; the host it ran on."""
-    cached_scan(checkpoint, prompts, settings, cache_root=cache_root, rescan=rescan)
+def run_in_task(group: Sequence[WorkUnit], settings: Settings, rescan: bool) -> str:
+    """One Ray task: a checkpoint's units run into the results cache (their rollout files
+    read on the node); the host it ran on."""
+    plan = ScanPlan(tuple(group), (None,) * len(group), settings, rescan)
+    run_here(plan, VerdictThresholds(), labelled=False)
     return socket.gethostname()
 
 
@@ -199,41 +189,37 @@ def _task_failure(error: Exception) -> str:
     return text[-1] if isinstance(cause, CollapsecheckError) and text else type(cause).__name__
 
 
-def scan_on_ray(
-    checkpoints: Sequence[RunCheckpoint], prompts: Path, settings: Settings,
-    cache_root: Path | None, rescan: bool, progress: ProgressHook,
-) -> list[str]:  # fmt: skip
-    """Each checkpoint not yet in the results cache as one Ray task on the joined cluster
-    (`connect_ray`); the hosts they ran on. Every task writes its own cache entry, so a
-    failed or killed task costs only its checkpoint; the run report is the driver's to write,
-    from the cache, which must therefore be a folder every node sees."""
+def run_on_ray(plan: ScanPlan, progress: ProgressHook = silent) -> list[str]:
+    """Each checkpoint with units still to run as one Ray task on the joined cluster
+    (`connect_ray`); the hosts they ran on. Every unit writes its own cache entry, so a failed
+    or killed task costs only its checkpoint; the run report is the driver's to write (the
+    join), from the cache, which must therefore be a folder every node sees."""
     ray = _ray()
-    root = (cache_root if cache_root is not None else default_cache_root()).resolve()
-    prompts = prompts.resolve()
-    todo = [
-        c for c in checkpoints if rescan or not is_cached(c.checkpoint, prompts, settings, root)
-    ]
-    task = ray.remote(scan_into_cache).options(**task_resources(ray.cluster_resources()))
-    pending = {task.remote(c.checkpoint, prompts, settings, root, rescan): c for c in todo}
-    advance = progress("ray tasks", len(todo))
+    todo = plan.todo()
+    groups = [[u for u in g if u in todo] for g in plan.by_checkpoint()]
+    groups = [g for g in groups if g]
+    task = ray.remote(run_in_task).options(**task_resources(ray.cluster_resources()))
+    pending = {task.remote(g, plan.settings, plan.rescan): g for g in groups}
+    advance = progress("ray tasks", len(groups))
     hosts, failed = [], []
     while pending:
         (done,), _ = ray.wait(list(pending), num_returns=1)
-        step = pending.pop(done)
+        group = pending.pop(done)
         try:
             hosts.append(ray.get(done))
         except ray.exceptions.RayError as err:
-            failed.append(f"{step.label}: {_task_failure(err)}")
+            failed.append(f"{', '.join(u.label for u in group)}: {_task_failure(err)}")
         advance(1)
     if failed:
         raise CollapsecheckError(
-            f"{len(failed)} of {len(todo)} Ray tasks failed (the others are in the results "
+            f"{len(failed)} of {len(groups)} Ray tasks failed (the others are in the results "
             f"cache): {'; '.join(failed)}"
         )
-    unseen = [c.label for c in todo if not is_cached(c.checkpoint, prompts, settings, root)]
+    unseen = [u for g in groups for u in g if not u.finished()]
     if unseen:
         raise CollapsecheckError(
-            f"the Ray tasks of steps {', '.join(unseen)} wrote their results under {root}, "
-            "which this machine does not see: give --out a folder every node shares"
+            f"the Ray tasks of steps {', '.join(u.label for u in unseen)} wrote their results "
+            f"under {unseen[0].dump.parent}, which this machine does not see: give --out a "
+            "folder every node shares"
         )
     return hosts

@@ -9,7 +9,8 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 
-Row = tuple[str, dict[str, Any]]  # (where: file and row, the row)
+# (where: file and row, the row, its number in the file: a JSONL line, a parquet row)
+Row = tuple[str, dict[str, Any], int]
 
 
 @dataclass(frozen=True)

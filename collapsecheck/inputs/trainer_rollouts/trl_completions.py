@@ -96,9 +96,8 @@ def read(path: Path) -> TrainerRollouts:
         require(row, COLUMNS, where)
         steps.add(int(number(row["step"], where, "step")))
         rewards = {c: number(row[c], where, c, missing_ok=True) for c in columns}
-        rows.append(
-            (where, completion_row(row["prompt"], row["completion"], rewards, equal, where))
-        )
+        completion = completion_row(row["prompt"], row["completion"], rewards, equal, where)
+        rows.append((where, completion, index))
     if len(steps) != 1:
         raise CollapsecheckError(f"{path}: rows of several steps ({sorted(steps)})")
     (step,) = steps

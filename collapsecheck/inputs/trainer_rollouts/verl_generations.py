@@ -48,7 +48,7 @@ def beside(run_dir: Path) -> Path | None:
 def read(path: Path) -> TrainerRollouts:
     rows = []
     lines = path.read_text(encoding="utf-8").splitlines()
-    for where, row, _ in jsonl_rows(path, lines):
+    for where, row, line in jsonl_rows(path, lines):
         require(row, FIELDS, where)
         prompt = text(row["input"], where, "input")
         if not prompt.strip():
@@ -58,13 +58,13 @@ def read(path: Path) -> TrainerRollouts:
             "response": text(row["output"], where, "output"),
             "reward": number(row["score"], where, "score"),
             "group": prompt,
-        }))  # fmt: skip
+        }, line))  # fmt: skip
     if not rows:
         raise CollapsecheckError(f"{path}: no rollouts (the file is empty)")
     step = step_of(path)
     notes = [
         f"veRL rollouts of step {step}: {len(rows)} responses to "
-        f"{len({r['group'] for _, r in rows})} inputs; each input is veRL's decoded prompt "
+        f"{len({r['group'] for _, r, _ in rows})} inputs; each input is veRL's decoded prompt "
         "(special tokens skipped), not the context the policy saw: --prompts TRAIN_FILE "
         "matches each to its training row"
     ]

@@ -1,0 +1,146 @@
+"""A unit of work: one checkpoint, where its traces come from, and where its dump goes (a
+results-cache entry, the user's --dump, or nowhere). Every scan, of one checkpoint or of a
+run, sampled afresh or read from the trainer's rollouts, is a list of these (`runs.plan`),
+run by an executor (`runs.executors`) and read back by the join (`runs.join`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.engines.backends.base import Backend
+from collapsecheck.inputs.checkpoint import Checkpoint
+from collapsecheck.inputs.discovery import RunCheckpoint
+from collapsecheck.inputs.prompts import file_sha256
+from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions
+from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, decide_flow
+from collapsecheck.measures.verdict import Thresholds, decide
+from collapsecheck.progress import ProgressHook, silent
+from collapsecheck.reports.dump import REPORT_FILE
+from collapsecheck.reports.report import Report
+from collapsecheck.reports.run_report import Pairing
+from collapsecheck.runs.cache import cache_entry
+from collapsecheck.runs.diagnose import scan, score
+from collapsecheck.settings import Settings
+
+
+@dataclass(frozen=True)
+class SampledTraces:
+    """Traces sampled afresh from a prompt set."""
+
+    prompts: Path
+
+    def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
+        """The file and the settings that key this unit's cache entry."""
+        return self.prompts, settings.numbers()
+
+
+@dataclass(frozen=True)
+class RolloutTraces:
+    """Traces already sampled: one rollout file (a trainer's own, or any rollout file) read
+    with `options`. `training_prompts`: veRL's training prompt file its decoded inputs are
+    matched to; `pairing`: the run's step these rollouts are and the checkpoint scoring them."""
+
+    path: Path
+    options: RolloutOptions
+    training_prompts: Path | None = None
+    pairing: Pairing | None = None
+
+    def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
+        """Those that change the numbers, less sampling (nothing is sampled), with the
+        training prompts the inputs were matched to."""
+        key = {k: v for k, v in settings.numbers().items() if k != "sampling"}
+        key["traces"] = "trainer rollouts"
+        if self.training_prompts is not None:
+            key["training_prompts_sha256"] = file_sha256(self.training_prompts)
+        return self.path, key
+
+
+Traces = SampledTraces | RolloutTraces
+
+
+@dataclass(frozen=True)
+class VerdictThresholds:
+    """The thresholds the verdicts are decided with: never part of a cache key, since a
+    cached report's verdicts are decided again from its metrics."""
+
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    flow: FlowThresholds = field(default_factory=FlowThresholds)
+
+    @classmethod
+    def of(cls, thresholds: Thresholds | None, flow: FlowThresholds | None) -> VerdictThresholds:
+        return cls(thresholds or Thresholds(), flow or FlowThresholds())
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """One checkpoint (`row`: as the run table labels it) with its traces. `dump`: where its
+    dump goes; `cached`: whether that is a results-cache entry (resumed, and read back once
+    it holds a report)."""
+
+    row: RunCheckpoint
+    traces: Traces
+    dump: Path | None = None
+    cached: bool = False
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self.row.checkpoint
+
+    @property
+    def label(self) -> str:
+        return self.row.label
+
+    def finished(self) -> bool:
+        return self.cached and self.dump is not None and (self.dump / REPORT_FILE).is_file()
+
+
+def cached_unit(row: RunCheckpoint, traces: Traces, settings: Settings, root: Path) -> WorkUnit:
+    """A unit whose dump is its entry in the results cache under `root`."""
+    source, key = traces.cache_key(settings)
+    return WorkUnit(row, traces, cache_entry(root, row.checkpoint, source, key), cached=True)
+
+
+def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds) -> Report:
+    """A finished cache entry's report, its verdicts decided again with these thresholds."""
+    report = Report.load(entry / REPORT_FILE)
+    report.thresholds = verdicts.thresholds
+    report.verdict = decide(report.metrics, report.thresholds)
+    report.flow_thresholds = verdicts.flow
+    if report.flow.regime != NOT_MEASURED:
+        report.flow = decide_flow(report.metrics, report.flow_thresholds)
+    report.settings["checkpoint"] = str(checkpoint.path)
+    report.timing = {**report.timing, "cached": True}
+    return report
+
+
+def for_step(progress: ProgressHook, label: str) -> ProgressHook:
+    """The progress hook of one unit of a run: its stages name the step ("sampling, step
+    200")."""
+    return lambda stage, total: progress(f"{stage}, step {label}", total)
+
+
+def run_unit(
+    unit: WorkUnit, settings: Settings, verdicts: VerdictThresholds, *, rescan: bool = False,
+    progress: ProgressHook = silent, backend: Backend | None = None,
+    parsed: Mapping[Path, ParsedRollouts] | None = None,
+) -> Report:  # fmt: skip
+    """The unit's report: read from its finished cache entry (unless `rescan`), else made:
+    sampled and scored (`diagnose.scan`), or its rollouts scored (`diagnose.score`).
+    `backend`: the checkpoint already loaded; `parsed`: rollout files already read."""
+    if unit.finished() and not rescan:
+        return load_cached(unit.dump, unit.checkpoint, verdicts)
+    common = {
+        "thresholds": verdicts.thresholds, "flow_thresholds": verdicts.flow, "dump": unit.dump,
+        "progress": progress, "loaded": backend,
+    }  # fmt: skip
+    if isinstance(unit.traces, SampledTraces):
+        return scan(unit.checkpoint, unit.traces.prompts, settings, resume=unit.cached, **common)
+    traces = unit.traces
+    return score(
+        unit.checkpoint, traces.path, settings, rollout_options=traces.options,
+        training_prompts=traces.training_prompts, parsed=(parsed or {}).get(traces.path),
+        **common,
+    )  # fmt: skip

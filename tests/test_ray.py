@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROMPTS, RUN
+from tests.conftest import EXAMPLES, PROMPTS, ROOT, RUN
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 RAY = Path(sys.executable).parent / "ray"
@@ -94,6 +94,23 @@ def test_ray_sharded_and_one_process_scans_give_identical_numbers(cluster, run_d
     one = step_metrics(tmp_path / "one.json")
     assert one.keys() == {100, 500}
     assert step_metrics(tmp_path / "ray.json") == one == step_metrics(tmp_path / "j.json")
+
+
+def test_a_runs_own_rollouts_on_ray_give_the_one_process_numbers(cluster, tmp_path):
+    """The trainer's rollouts take the same route: one Ray task per checkpoint (its rollout
+    steps read on the node), joined from the results cache."""
+    trl_run = ROOT / "tests" / "fixtures" / "trl-grpo-completions"
+    common = [trl_run, "--baseline", EXAMPLES / "demo-run" / "global_step_200", "--device",
+              "cpu", "--bootstrap", "200", "--fail-on", "none"]  # fmt: skip
+    single = collapsecheck(*common, "--out", tmp_path / "one", "--json", tmp_path / "one.json")
+    assert single.returncode == 0, single.stderr
+    on_ray = collapsecheck(*common, "--out", tmp_path / "ray", "--json", tmp_path / "ray.json",
+                           "--ray", cluster)  # fmt: skip
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert "Ray: 3 checkpoint(s) scanned on" in on_ray.stderr
+    one = step_metrics(tmp_path / "one.json")
+    assert one.keys() == {2, 4, 6}
+    assert step_metrics(tmp_path / "ray.json") == one
 
 
 def test_a_bare_ray_joins_the_cluster_running_here(cluster, run_dir, tmp_path):

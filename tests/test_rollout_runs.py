@@ -186,3 +186,88 @@ def test_rollouts_folder_errors_name_the_folder(tmp_path):
     result = invoke("scan", TRL_RUN, "--rollouts", early, *FAST)
     assert result.exit_code == 2
     assert "cannot score 1 rollout step(s)" in result.output
+
+
+def step_metrics(report: dict) -> dict:
+    return {s["step"]: s["report"]["metrics"] for s in report["steps"]}
+
+
+def test_a_rollout_run_in_shards_then_joined_equals_one_process(trl_run, tmp_path):
+    """The trainer's rollouts take the sampled route's executors: each shard scores its
+    checkpoints' steps into the results cache, the join reads them, and the numbers are those
+    of one process (the `trl_run` fixture)."""
+    _, one_process, _, _ = trl_run
+    shared = tmp_path / "cache"
+    common = ["--baseline", START, "--out", shared, *FAST]
+    first = invoke("scan", TRL_RUN, *common, "--shard", "0/2")
+    assert first.exit_code == 0, first.output
+    # round robin over checkpoints: the baseline (step 2) and checkpoint-4 (step 6)
+    assert "shard 0/2 (--shard): 2 checkpoint(s) of this run" in first.output
+    assert "shard 0/2 (--shard) done: 2, 6 in the results cache" in first.output
+    second = invoke("scan", TRL_RUN, *common, "--shard", "1/2")
+    assert second.exit_code == 0 and "done: 4 in the results cache" in second.output
+    planned = invoke("scan", TRL_RUN, *common, "--dry-run")
+    assert "under 3 checkpoints, 3 cached," in planned.output
+    joined = invoke("scan", TRL_RUN, *common, "--json", tmp_path / "run.json")
+    assert joined.exit_code == 0, joined.output
+    assert step_metrics(json.loads((tmp_path / "run.json").read_text())) == step_metrics(
+        one_process
+    )
+
+
+def test_a_checkpoints_rollout_steps_stay_in_one_shard(tmp_path):
+    """veRL steps 1 and 2 both pair with the baseline here: one model load, one shard."""
+    run_dir = tmp_path / "verl-run"
+    run_dir.mkdir()
+    (run_dir / "global_step_5").symlink_to(EXAMPLES / "demo-run" / "global_step_100")
+    common = ["--rollouts", VERL_ROLLOUTS, "--baseline", EXAMPLES / "demo-run" / "global_step_100",
+              "--out", tmp_path / "cache", *FAST]  # fmt: skip
+    empty = invoke("scan", run_dir, *common, "--shard", "1/2")
+    assert empty.exit_code == 0 and "done: nothing in the results cache" in empty.output
+    both = invoke("scan", run_dir, *common, "--shard", "0/2")
+    assert both.exit_code == 0 and "done: 1, 2 in the results cache" in both.output
+
+
+def rollout_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_keep_prompts_from_jsonl_rollouts_writes_their_own_rows_every_column(tmp_path):
+    """Rollouts with veRL's dataset columns: each kept prompt is its group's first row of
+    the input file, verbatim (uid, data_source, extra_info and all)."""
+    source = [json.loads(line) for line in (EXAMPLES / "rollouts" / "gridworld.jsonl").open()]
+    rows = [
+        {**row, "data_source": "gridworld", "extra_info": {"index": n, "split": "train"}}
+        for n, row in enumerate(source)
+    ]
+    rollouts = rollout_rows(tmp_path / "rollouts.jsonl", rows)
+    kept = tmp_path / "kept.jsonl"
+    result = invoke("score", rollouts, "-c", START, "--keep-prompts", kept,
+                    "--json", tmp_path / "r.json", *FAST)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    lines = kept.read_text().splitlines()
+    assert len(lines) == len(report["snr"]["kept_prompts"]) > 0
+    firsts = {}
+    for line in rollouts.read_text().splitlines():
+        firsts.setdefault(json.loads(line)["uid"], line)
+    assert set(lines) <= set(firsts.values())  # verbatim: each group's first row
+    assert len({json.loads(line)["uid"] for line in lines}) == len(lines)
+    assert f"kept {len(lines)} of {len(firsts)} prompts" in result.output
+
+
+def test_scan_run_keeps_the_last_steps_prompts_as_its_rollout_rows(tmp_path):
+    run_dir = tmp_path / "verl-run"
+    run_dir.mkdir()
+    (run_dir / "global_step_1").symlink_to(EXAMPLES / "demo-run" / "global_step_100")
+    kept = tmp_path / "kept.jsonl"
+    result = invoke("scan", run_dir, "--rollouts", VERL_ROLLOUTS, "--baseline",
+                    EXAMPLES / "demo-run" / "global_step_100", "--out", tmp_path / "cache",
+                    "--keep-prompts", kept, *FAST)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    last = (VERL_ROLLOUTS / "2.jsonl").read_text().splitlines()
+    lines = kept.read_text().splitlines()
+    assert lines and set(lines) <= set(last)  # the last step's own rows, every column
+    assert len({json.loads(line)["input"] for line in lines}) == len(lines)
+    assert f"rows of {VERL_ROLLOUTS / '2.jsonl'}" in result.output

@@ -35,7 +35,7 @@ def test_trls_completions_file_is_read_as_trl_wrote_it():
     frame = pd.read_parquet(TRL_FILE)
     assert len(read.rows) == len(frame) == 32
     where, first, number = read.rows[0]
-    assert where == f"{TRL_FILE}, row 1"
+    assert where == f"{TRL_FILE}, row 1" and number == 1
     # chat messages as TRL logged them; the completion is the assistant message's text
     assert first["prompt"][0]["role"] == "system"
     assert first["response"] == frame["completion"][0][0]["content"]
@@ -104,7 +104,7 @@ def test_verls_rollout_dump_is_read_as_verl_wrote_it():
     lines = [json.loads(line) for line in VERL_FILE.read_text().splitlines()]
     assert len(read.rows) == len(lines) == 64
     where, first, number = read.rows[0]
-    assert where == f"{VERL_FILE}:1"
+    assert where == f"{VERL_FILE}:1" and number == 1
     assert first["prompt"] == lines[0]["input"] and first["response"] == lines[0]["output"]
     assert first["reward"] == lines[0]["score"]
     # veRL decodes its prompt ids with special tokens skipped: the chat markers are gone

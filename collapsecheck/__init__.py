@@ -11,6 +11,7 @@ from collapsecheck.measures.metrics import CrossLogProbs, Estimate, compute_metr
 from collapsecheck.measures.verdict import Thresholds, Verdict, decide
 from collapsecheck.reports.report import Report
 from collapsecheck.runs.diagnose import scan, score
+from collapsecheck.runs.run import scan_run, score_run
 from collapsecheck.version import __version__
 
 __all__ = [
@@ -25,5 +26,7 @@ __all__ = [
     "compute_metrics",
     "decide",
     "scan",
+    "scan_run",
     "score",
+    "score_run",
 ]

@@ -297,13 +297,151 @@ def verdict_thresholds(gate: Any) -> Any:
 
 # -- commands ----------------------------------------------------------------------------
 
+# The commands' own options (the settings dataclasses bring the rest).
+Checkpoint = Annotated[
+    Path, typer.Argument(help="A checkpoint directory, or a run directory of checkpoints.")
+]
+
+TrainLog = Annotated[
+    Path | None,
+    typer.Option(
+        help="The run's training log: trainer_state.json, veRL file logger JSONL, "
+        "JSONL/CSV with a step column, or TensorBoard events."
+    ),
+]
+
+NoTrainLog = Annotated[
+    bool, typer.Option("--no-train-log", help="Do not read the run's training log.")
+]
+
+TrainKey = Annotated[
+    list[str] | None,
+    typer.Option(help="NAME=KEY: read series NAME from log key KEY (repeatable)."),
+]
+
+Baseline = Annotated[
+    Path | None, typer.Option(help="The starting model, scanned as step 0 of the run.")
+]
+
+Shard = Annotated[
+    str | None,
+    typer.Option(
+        help="I/N: scan share I (0-based) of N of a run's checkpoints into the results "
+        "cache; a plain scan of the run joins them. Read from a Slurm array's "
+        "SLURM_ARRAY_TASK_ID when set.",
+        rich_help_panel="Where the work runs",
+    ),
+]
+
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the plan (checkpoints, cached ones, pairs, a token bound) and exit.",
+        rich_help_panel="Where the work runs",
+    ),
+]
+
+Rollouts = Annotated[
+    Path | None,
+    typer.Option(
+        help="A run's rollouts, as its trainer wrote them (veRL's rollout_data_dir; TRL's "
+        "completions/ is found in its output_dir): each step's scored under the checkpoint "
+        "that sampled it, with no sampling. Used by default where a run holds them.",
+        rich_help_panel="Where the traces come from",
+    ),
+]
+
+Sample = Annotated[
+    bool,
+    typer.Option(
+        "--sample",
+        help="Sample afresh from --prompts, even where the run holds its trainer's rollouts.",
+        rich_help_panel="Where the traces come from",
+    ),
+]
+
+Ray = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="[ADDRESS]",
+        help="Scan each uncached checkpoint of the run as one Ray task (one GPU each, or "
+        "one CPU), then write the run report here. ADDRESS: host:port or ray://host:port, "
+        "auto (the cluster running here, a veRL job's) or local (a new one); a bare --ray "
+        "does as ray.init(): RAY_ADDRESS, else a cluster running here, else a new local one.",
+        rich_help_panel="Where the work runs",
+    ),
+]
+
+ScoreRollouts = Annotated[
+    Path, typer.Argument(help="Rollouts (JSONL or parquet), or a --dump directory.")
+]
+
+ScoreCheckpoint = Annotated[
+    Path, typer.Option("--checkpoint", "-c", help="The policy that produced the rollouts.")
+]
+
+ScorePrompts = Annotated[
+    Path | None,
+    typer.Option(
+        "--prompts",
+        "-p",
+        help="veRL rollout dumps: the training prompt file (parquet or JSONL); each decoded "
+        "input is matched to its row and scored in the context the trainer rendered.",
+    ),
+]
+
+ResponseField = Annotated[
+    str | None, typer.Option(help="Field of the response text [response/output/completion].")
+]
+
+ResponseIdsField = Annotated[
+    str | None, typer.Option(help="Field of the response's sampled token ids, if any.")
+]
+
+GroupField = Annotated[
+    str | None, typer.Option(help="Field grouping rows by prompt [uid/group_id/prompt_id].")
+]
+
+TurnSampling = Annotated[str, typer.Option(help="Multi-turn rollouts: turn, trajectory or first.")]
+
+Pairs = Annotated[
+    int | None, typer.Option(help="Multi-turn rollouts: (trajectory, turn) pairs to sample.")
+]
+
+A = Annotated[Path, typer.Argument(help="Checkpoint A (the baseline), or its report.json.")]
+
+B = Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")]
+
+MaxDrop = Annotated[
+    float | None,
+    typer.Option(help="Tolerated drop of normalized MI and retrieval skill (default 0)."),
+]
+
+GateExit = Annotated[
+    bool,
+    typer.Option("--gate/--no-gate", help="Exit 1 when B lost input dependence."),
+]
+
+AllowMismatch = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mismatch",
+        help="Compare reports of other prompts or settings anyway (with a warning).",
+    ),
+]
+
+Config = Annotated[
+    Path | None,
+    typer.Option(help="Gate settings file (default: ./collapsecheck.toml or ./pyproject.toml)."),
+]
+
 
 @app.command()
 @takes_settings
 def scan(
-    checkpoint: Annotated[
-        Path, typer.Argument(help="A checkpoint directory, or a run directory of checkpoints.")
-    ],
+    checkpoint: Checkpoint,
     sampling: SamplingSettings,
     rendering: PromptSettings,
     scoring: ScoringSettings,
@@ -314,69 +452,15 @@ def scan(
     outputs: OutputSettings,
     prompts: ScanPrompts = None,
     rescan: Rescan = False,
-    train_log: Annotated[
-        Path | None,
-        typer.Option(
-            help="The run's training log: trainer_state.json, veRL file logger JSONL, "
-            "JSONL/CSV with a step column, or TensorBoard events."
-        ),
-    ] = None,
-    no_train_log: Annotated[
-        bool, typer.Option("--no-train-log", help="Do not read the run's training log.")
-    ] = False,
-    train_key: Annotated[
-        list[str] | None,
-        typer.Option(help="NAME=KEY: read series NAME from log key KEY (repeatable)."),
-    ] = None,
-    baseline: Annotated[
-        Path | None, typer.Option(help="The starting model, scanned as step 0 of the run.")
-    ] = None,
-    shard: Annotated[
-        str | None,
-        typer.Option(
-            help="I/N: scan share I (0-based) of N of a run's checkpoints into the results "
-            "cache; a plain scan of the run joins them. Read from a Slurm array's "
-            "SLURM_ARRAY_TASK_ID when set.",
-            rich_help_panel="Where the work runs",
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Print the plan (checkpoints, cached ones, pairs, a token bound) and exit.",
-            rich_help_panel="Where the work runs",
-        ),
-    ] = False,
-    rollouts: Annotated[
-        Path | None,
-        typer.Option(
-            help="A run's rollouts, as its trainer wrote them (veRL's rollout_data_dir; TRL's "
-            "completions/ is found in its output_dir): each step's scored under the checkpoint "
-            "that sampled it, with no sampling. Used by default where a run holds them.",
-            rich_help_panel="Where the traces come from",
-        ),
-    ] = None,
-    sample: Annotated[
-        bool,
-        typer.Option(
-            "--sample",
-            help="Sample afresh from --prompts, even where the run holds its trainer's rollouts.",
-            rich_help_panel="Where the traces come from",
-        ),
-    ] = False,
-    ray: Annotated[
-        str | None,
-        typer.Option(
-            "--ray",
-            metavar="[ADDRESS]",
-            help="Scan each uncached checkpoint of the run as one Ray task (one GPU each, or "
-            "one CPU), then write the run report here. ADDRESS: host:port or ray://host:port, "
-            "auto (the cluster running here, a veRL job's) or local (a new one); a bare --ray "
-            "does as ray.init(): RAY_ADDRESS, else a cluster running here, else a new local one.",
-            rich_help_panel="Where the work runs",
-        ),
-    ] = None,
+    train_log: TrainLog = None,
+    no_train_log: NoTrainLog = False,
+    train_key: TrainKey = None,
+    baseline: Baseline = None,
+    shard: Shard = None,
+    dry_run: DryRun = False,
+    rollouts: Rollouts = None,
+    sample: Sample = False,
+    ray: Ray = None,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.reports.console import progress_bars
@@ -408,9 +492,7 @@ def scan(
 @app.command()
 @takes_settings
 def score(
-    rollouts: Annotated[
-        Path, typer.Argument(help="Rollouts (JSONL or parquet), or a --dump directory.")
-    ],
+    rollouts: ScoreRollouts,
     rendering: PromptSettings,
     scoring: ScoringSettings,
     analysis: AnalysisSettings,
@@ -418,33 +500,13 @@ def score(
     load: LoadSettings,
     gate_settings: GateSettings,
     outputs: OutputSettings,
-    checkpoint: Annotated[
-        Path, typer.Option("--checkpoint", "-c", help="The policy that produced the rollouts.")
-    ],
-    prompts: Annotated[
-        Path | None,
-        typer.Option(
-            "--prompts",
-            "-p",
-            help="veRL rollout dumps: the training prompt file (parquet or JSONL); each decoded "
-            "input is matched to its row and scored in the context the trainer rendered.",
-        ),
-    ] = None,
-    response_field: Annotated[
-        str | None, typer.Option(help="Field of the response text [response/output/completion].")
-    ] = None,
-    response_ids_field: Annotated[
-        str | None, typer.Option(help="Field of the response's sampled token ids, if any.")
-    ] = None,
-    group_field: Annotated[
-        str | None, typer.Option(help="Field grouping rows by prompt [uid/group_id/prompt_id].")
-    ] = None,
-    turn_sampling: Annotated[
-        str, typer.Option(help="Multi-turn rollouts: turn, trajectory or first.")
-    ] = "turn",
-    pairs: Annotated[
-        int | None, typer.Option(help="Multi-turn rollouts: (trajectory, turn) pairs to sample.")
-    ] = None,
+    checkpoint: ScoreCheckpoint,
+    prompts: ScorePrompts = None,
+    response_field: ResponseField = None,
+    response_ids_field: ResponseIdsField = None,
+    group_field: GroupField = None,
+    turn_sampling: TurnSampling = "turn",
+    pairs: Pairs = None,
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
     from collapsecheck.inputs.rollouts import RolloutOptions
@@ -529,8 +591,8 @@ def obtain_report(
 @app.command()
 @takes_settings
 def compare(
-    a: Annotated[Path, typer.Argument(help="Checkpoint A (the baseline), or its report.json.")],
-    b: Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")],
+    a: A,
+    b: B,
     sampling: SamplingSettings,
     rendering: PromptSettings,
     scoring: ScoringSettings,
@@ -539,27 +601,10 @@ def compare(
     load: LoadSettings,
     outputs: OutputSettings,
     prompts: Prompts = None,
-    max_drop: Annotated[
-        float | None,
-        typer.Option(help="Tolerated drop of normalized MI and retrieval skill (default 0)."),
-    ] = None,
-    gate_exit: Annotated[
-        bool,
-        typer.Option("--gate/--no-gate", help="Exit 1 when B lost input dependence."),
-    ] = True,
-    allow_mismatch: Annotated[
-        bool,
-        typer.Option(
-            "--allow-mismatch",
-            help="Compare reports of other prompts or settings anyway (with a warning).",
-        ),
-    ] = False,
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            help="Gate settings file (default: ./collapsecheck.toml or ./pyproject.toml)."
-        ),
-    ] = None,
+    max_drop: MaxDrop = None,
+    gate_exit: GateExit = True,
+    allow_mismatch: AllowMismatch = False,
+    config: Config = None,
     rescan: Rescan = False,
 ) -> None:
     """Did checkpoint B lose input dependence relative to A, beyond noise?"""

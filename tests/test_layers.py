@@ -64,3 +64,40 @@ def test_the_cycle_finder_finds_a_circle():
 
 def test_settings_are_the_floor():
     assert import_graph()["collapsecheck.settings"] <= {"collapsecheck.errors"}
+
+
+ALLOWED_IN_MEASURES = {"collapsecheck.formatting", "collapsecheck.errors"}
+PURE_LIBRARIES = {"numpy", "scipy", "pandas", "math", "itertools", "collections", "dataclasses",
+                  "typing", "__future__"}  # fmt: skip
+
+
+def imported_roots(path: Path) -> set[str]:
+    """The top-level names of everything a module imports."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module)
+        elif isinstance(node, ast.Import):
+            roots |= {a.name for a in node.names}
+    return roots
+
+
+def test_the_measures_stage_is_pure_numpy_with_no_io_and_no_later_stage():
+    """measures/ takes arrays: no torch, no files, nothing of the stages around it."""
+    for path in sorted((PACKAGE / "measures").glob("*.py")):
+        for name in imported_roots(path):
+            if name.startswith("collapsecheck"):
+                assert name.startswith("collapsecheck.measures") or name in ALLOWED_IN_MEASURES, (
+                    f"{path.name} imports {name}"
+                )
+            else:
+                assert name.split(".")[0] in PURE_LIBRARIES, f"{path.name} imports {name}"
+
+
+def test_the_run_api_is_where_it_was_before_the_stages():
+    import collapsecheck
+    import collapsecheck.runs
+
+    assert collapsecheck.runs.scan_run is collapsecheck.scan_run
+    assert collapsecheck.runs.score_run is collapsecheck.score_run
+    assert callable(collapsecheck.runs.cached_scan)

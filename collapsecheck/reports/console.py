@@ -264,8 +264,8 @@ def snr_cells(report: Report) -> list[str]:
     return [percent(report.snr["frac_reward_zero_std"]), _format(rho)]
 
 
-def print_run(console: Console, run: RunReport) -> None:
-    """One row per checkpoint, then the onset and the latest checkpoint's verdict."""
+def run_table(run: RunReport) -> Table:
+    """One row per checkpoint (per rollout step, with the checkpoint that scored it)."""
     table = Table(
         title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False,
         caption=RUN_CAPTION + (PAIRING_CAPTION if run.traces else ""), caption_justify="left",
@@ -299,7 +299,13 @@ def print_run(console: Console, run: RunReport) -> None:
         table.add_row(
             label, *pairing, *cells, regime_text(step.report), flow, Text(onset, style="bold")
         )
-    console.print(table)
+    return table
+
+
+def print_run(console: Console, run: RunReport) -> None:
+    """The run's table, where its traces came from, its notes and findings, then the onset
+    and the latest checkpoint's verdict."""
+    console.print(run_table(run))
     if run.traces:
         console.print(f"traces: {run.traces}", style="dim", highlight=False)
     print_notes(console, run.notes)

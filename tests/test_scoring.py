@@ -72,7 +72,7 @@ def system_prompt_requests():
     return [
         ScoreRequest(context, tuple(rng.integers(5, 50, size=length).tolist()), 1)
         for context in contexts
-        for length in (6, 11)  # within a factor 2: one batch
+        for length in (7, 11)  # run as 6 and 10 tokens (the last is scored, not run): one batch
     ]
 
 
@@ -96,9 +96,10 @@ def test_common_system_prompt_is_computed_once_and_exactly(random_checkpoint):
     expected = np.array([reference(backend.model, r) for r in requests])
     assert np.abs(scores - expected).max() < TOLERANCE
     # the shared 25 tokens once, then only each prompt's own tokens and the continuations
+    # (less their last token, which nothing reads)
     assert shapes[0] == (1, 25)
     assert [s for s in shapes[1:] if s[0] == 1] == [(1, 4), (1, 9), (1, 1)]
-    assert [s for s in shapes[1:] if s[0] == 2] == [(2, 11)] * 3
+    assert [s for s in shapes[1:] if s[0] == 2] == [(2, 10)] * 3
     assert len(shapes) == 7
     assert common_prefix_length([(1, 2, 3), (1, 2, 4), (1, 2)]) == 1
     assert common_prefix_length([(7, 8), (9,)]) == 0
@@ -167,6 +168,7 @@ def branching_requests():
         for act, scored_from in [
             (mid + common, 11), (mid + common, 11), (mid + other, 11), (mid + longer, 11),
             (mid + longer, 11), ((3, 7, *other), 11), (mid + other, 10), (mid + common, 9),
+            (mid + common + (8, 9), 14),
         ]:  # fmt: skip
             requests.append(ScoreRequest(context, stem + act, scored_from, len(stem)))
         requests.append(ScoreRequest(context, stem, 2))  # the stem's own X->Z request
@@ -186,8 +188,12 @@ def test_branches_ride_in_their_stems_pass_and_are_exact(random_checkpoint):
     handle.remove()
     expected = np.array([reference(backend.model, r) for r in requests])
     assert np.abs(scores - expected).max() < TOLERANCE
-    # per context: its prefill, then one pass per stem row (lengths 14 and 3 do not batch
-    # together). The 9-token stem's row is 27 wide: stem + mid + common action (14), then
+    # per context: its prefill, then one pass per stem row (lengths 14 and 2 do not batch
+    # together). The 9-token stem's row is 24 wide: stem + mid + common action (14), then
     # its other branches, each once: the other action after the mid (2), the longer one (5),
-    # the one leaving inside the mid (1 + 2) and the one scored from inside the mid (1 + 2)
-    assert shapes == [(1, 6), (1, 27), (1, 3), (1, 11), (1, 27), (1, 3)]
+    # the one leaving inside the mid (1 + 2), the one scored from inside the mid (1 + 2) and
+    # the one going on after the row's end (2); each branch less its last token, scored but
+    # never run (nothing reads its logits), and the row keeps its last token only because
+    # that branch reads it. The one-token stem's row: its token and the action it carries on
+    # into, less its last (3 - 1)
+    assert shapes == [(1, 6), (1, 24), (1, 2), (1, 11), (1, 24), (1, 2)]

@@ -123,15 +123,17 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def predicted_logprobs(
-    logits: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
-    """log p(ids[b, t]) in float32 when the token is predicted by the logits at position
-    `predictor[b, t]` of its row, or by `first_logits` (1, V) where that is -1: a stem
-    token by the one before it, a branch's first token by the stem token it leaves after."""
-    rows = torch.arange(ids.shape[0], device=ids.device)[:, None]
+    logits: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor,
+    targets: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """log p(targets[b, t]) in float32 when the token is predicted by the logits at input
+    position `predictor[b, t]` of its row, or by `first_logits` (1, V) where that is -1: a
+    stem token by the one before it, a branch's first token by the stem token it leaves
+    after. `logits` (B, inputs, V) may be narrower than `targets` (B, T)."""
+    rows = torch.arange(targets.shape[0], device=targets.device)[:, None]
     at = predictor.clamp(min=0)
-    picked = logits[rows, at, ids].float() - float32_logsumexp(logits)[rows, at]
-    first = first_logits[0, ids].float() - torch.logsumexp(first_logits[0].float(), dim=-1)
+    picked = logits[rows, at, targets].float() - float32_logsumexp(logits)[rows, at]
+    first = first_logits[0, targets].float() - torch.logsumexp(first_logits[0].float(), dim=-1)
     return torch.where(predictor >= 0, picked, first)
 
 
@@ -486,7 +488,7 @@ class TransformersBackend:
             ).logits  # fmt: skip
         else:  # plain rows: causal on the context, right padding after every real token
             logits = self.model(input_ids=layout.ids, past_key_values=cache, use_cache=True).logits
-        logprobs = predicted_logprobs(logits, group.first_logits, layout.predictor, layout.ids)
+        logprobs = predicted_logprobs(logits, group.first_logits, layout.predictor, layout.targets)
         totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
         spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
         values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]
@@ -506,16 +508,19 @@ def _shared_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 @dataclass(frozen=True)
 class _Sequence:
-    """One stem row, its distinct other branches appended, as one sequence: for each token its
-    branch (-1: the row), its offset in that branch, its position, how many row tokens it
-    sees, and the token whose logits predict it (-1: the context's last); for each request it
-    answers, the span of its scored tokens."""
+    """One stem row, its distinct other branches appended, as one sequence. Its tokens are
+    its targets: for each, the token whose logits predict it (`predictor`, an index into the
+    inputs; -1: the context's last). Its inputs are the tokens whose logits something reads
+    (a branch's last token, and the row's when no branch leaves after it, are scored but
+    never run): for each its id, branch (-1: the row), offset in that branch, position and
+    how many row tokens it sees. For each request it answers, the span of its targets."""
 
     ids: list[int]
     branch: list[int]
     offset: list[int]
     position: list[int]
     row_seen: list[int]
+    targets: list[int]
     predictor: list[int]
     requests: list[int]
     spans: list[tuple[int, int]]
@@ -555,7 +560,22 @@ class _Sequence:
                 predictor += [at - 1, *range(start, start + len(own) - 1)]
             start = starts[(at, own)]
             spans += [(start + scored_from - at, start + len(own))] * len(indices)
-        return cls(ids, branch, offset, position, row_seen, predictor, order, spans)
+        inputs = _read_inputs(predictor)
+        kept = {token: index for index, token in enumerate(inputs)}
+        return cls(
+            [ids[t] for t in inputs], [branch[t] for t in inputs], [offset[t] for t in inputs],
+            [position[t] for t in inputs], [row_seen[t] for t in inputs], ids,
+            [kept.get(t, -1) for t in predictor], order, spans,
+        )  # fmt: skip
+
+
+def _read_inputs(predictor: Sequence[int]) -> list[int]:
+    """The tokens whose logits predict another (and the first, so that no sequence is
+    empty), in order. The others are a branch's last token, or the row's when nothing leaves
+    after it: no token sees them (a branch token sees its own branch's earlier tokens and
+    the row before its attach point), so leaving them out of the pass is exact."""
+    read = set(predictor)
+    return [t for t in range(len(predictor)) if t in read or t == 0]
 
 
 @dataclass
@@ -567,9 +587,10 @@ class _RowLayout:
     offset: torch.Tensor
     positions: torch.Tensor
     row_seen: torch.Tensor
+    targets: torch.Tensor
     predictor: torch.Tensor
     requests: list[int]
-    spans: list[tuple[int, int, int]]  # (row in the batch, start, end) per request
+    spans: list[tuple[int, int, int]]  # (row in the batch, start, end) of targets per request
 
     @property
     def branched(self) -> bool:
@@ -577,21 +598,21 @@ class _RowLayout:
 
     @classmethod
     def of(cls, sequences: Sequence[_Sequence], device: str) -> _RowLayout:
-        lengths = np.array([len(s.ids) for s in sequences])
-        real = np.arange(lengths.max())[None, :] < lengths[:, None]  # row-major, like `flat`
-
         def padded(field: str, fill: int) -> torch.Tensor:
+            rows = [getattr(s, field) for s in sequences]
+            lengths = np.array([len(row) for row in rows])
+            real = np.arange(lengths.max())[None, :] < lengths[:, None]  # row-major
             out = np.full(real.shape, fill, dtype=np.int64)
-            out[real] = np.fromiter(chain.from_iterable(getattr(s, field) for s in sequences),
-                                    dtype=np.int64, count=int(lengths.sum()))  # fmt: skip
+            out[real] = np.fromiter(chain.from_iterable(rows), dtype=np.int64,
+                                    count=int(lengths.sum()))  # fmt: skip
             return torch.from_numpy(out).to(device)
 
         requests = [index for s in sequences for index in s.requests]
         spans = [(b, *span) for b, s in enumerate(sequences) for span in s.spans]
         return cls(
             padded("ids", 0), padded("branch", -2), padded("offset", 0),
-            padded("position", 0), padded("row_seen", 0), padded("predictor", -1),
-            requests, spans,
+            padded("position", 0), padded("row_seen", 0), padded("targets", 0),
+            padded("predictor", -1), requests, spans,
         )  # fmt: skip
 
     def allowed(self, context_length: int) -> torch.Tensor:

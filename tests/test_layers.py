@@ -101,3 +101,18 @@ def test_the_run_api_is_where_it_was_before_the_stages():
     assert collapsecheck.runs.scan_run is collapsecheck.scan_run
     assert collapsecheck.runs.score_run is collapsecheck.score_run
     assert callable(collapsecheck.runs.cached_scan)
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_is_over_sixty_lines():
+    """Small functions (issue 31): a long one is split where its stages are."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, "functions over 60 lines: " + ", ".join(long)

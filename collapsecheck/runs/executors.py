@@ -103,7 +103,7 @@ def run_here(
     others run, with one model load per checkpoint for all of its units still to run.
     `labelled`: progress stages name each unit's step (a run's)."""
     advance = progress("run", len(plan.units)) if labelled else (lambda n: None)
-    todo = plan.todo()
+    todo = set(plan.todo())
     reports = []
     for group in plan.by_checkpoint():
         fresh = [u for u in group if u in todo]
@@ -195,7 +195,7 @@ def run_on_ray(plan: ScanPlan, progress: ProgressHook = silent) -> list[str]:
     or killed task costs only its checkpoint; the run report is the driver's to write (the
     join), from the cache, which must therefore be a folder every node sees."""
     ray = _ray()
-    todo = plan.todo()
+    todo = set(plan.todo())
     groups = [[u for u in g if u in todo] for g in plan.by_checkpoint()]
     groups = [g for g in groups if g]
     task = ray.remote(run_in_task).options(**task_resources(ray.cluster_resources()))

@@ -62,7 +62,8 @@ class ScanPlan:
 
     def only(self, units: Sequence[WorkUnit]) -> ScanPlan:
         """The plan of some of its units (a shard's share)."""
-        kept = [i for i, u in enumerate(self.units) if u in units]
+        wanted = set(units)
+        kept = [i for i, u in enumerate(self.units) if u in wanted]
         return replace(
             self, units=tuple(self.units[i] for i in kept), costs=tuple(self.costs[i] for i in kept)
         )

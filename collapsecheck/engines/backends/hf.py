@@ -598,21 +598,26 @@ class _RowLayout:
 
     @classmethod
     def of(cls, sequences: Sequence[_Sequence], device: str) -> _RowLayout:
-        def padded(field: str, fill: int) -> torch.Tensor:
-            rows = [getattr(s, field) for s in sequences]
-            lengths = np.array([len(row) for row in rows])
-            real = np.arange(lengths.max())[None, :] < lengths[:, None]  # row-major
-            out = np.full(real.shape, fill, dtype=np.int64)
-            out[real] = np.fromiter(chain.from_iterable(rows), dtype=np.int64,
-                                    count=int(lengths.sum()))  # fmt: skip
+        def real(lengths: Sequence[int]) -> np.ndarray:
+            """Which cells of the padded (rows, longest) array hold a token, row-major."""
+            lengths = np.array(lengths)
+            return np.arange(lengths.max())[None, :] < lengths[:, None]
+
+        inputs = real([len(s.ids) for s in sequences])
+        targets = real([len(s.targets) for s in sequences])
+
+        def padded(field: str, fill: int, cells: np.ndarray) -> torch.Tensor:
+            out = np.full(cells.shape, fill, dtype=np.int64)
+            out[cells] = np.fromiter(chain.from_iterable(getattr(s, field) for s in sequences),
+                                     dtype=np.int64, count=int(cells.sum()))  # fmt: skip
             return torch.from_numpy(out).to(device)
 
         requests = [index for s in sequences for index in s.requests]
         spans = [(b, *span) for b, s in enumerate(sequences) for span in s.spans]
         return cls(
-            padded("ids", 0), padded("branch", -2), padded("offset", 0),
-            padded("position", 0), padded("row_seen", 0), padded("targets", 0),
-            padded("predictor", -1), requests, spans,
+            padded("ids", 0, inputs), padded("branch", -2, inputs), padded("offset", 0, inputs),
+            padded("position", 0, inputs), padded("row_seen", 0, inputs),
+            padded("targets", 0, targets), padded("predictor", -1, targets), requests, spans,
         )  # fmt: skip
 
     def allowed(self, context_length: int) -> torch.Tensor:

@@ -89,12 +89,19 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
             cached=outputs.out is not None, dump=outputs.dump, rescan=request.rescan,
         )  # fmt: skip
         return Planned(plan, None, request.prompts)
-    rows, context = run_context(
-        request.target, settings, run, notes, request.training_log, request.train_keys,
-        request.baseline,
-    )  # fmt: skip
+    rows, context = request_run(request, run, notes)
     plan = plan_sampled(rows, request.prompts, settings, cache=outputs.out, rescan=request.rescan)
     return Planned(plan, context, request.prompts)
+
+
+def request_run(
+    request: ScanRequest, run: list[RunCheckpoint], notes: list[str]
+) -> tuple[list[RunCheckpoint], RunContext]:
+    """The run's rows (after the baseline) and what its report holds beside them."""
+    return run_context(
+        request.target, request.settings, run, notes, request.training_log,
+        request.train_keys, request.baseline,
+    )  # fmt: skip
 
 
 def plan_from_rollouts(
@@ -103,10 +110,7 @@ def plan_from_rollouts(
 ) -> Planned:  # fmt: skip
     """A run scored from its trainer's rollouts; --keep-prompts keeps from its last step."""
     check_outputs(request.outputs)
-    rows, context = run_context(
-        request.target, request.settings, run, notes, request.training_log,
-        request.train_keys, request.baseline,
-    )  # fmt: skip
+    rows, context = request_run(request, run, notes)
     plan = plan_run_rollouts(
         found, rows, request.settings, cache=request.outputs.out,
         training_prompts=request.prompts, rescan=request.rescan,

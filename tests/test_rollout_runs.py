@@ -163,6 +163,8 @@ def test_a_bad_completion_file_in_a_run_is_one_line_before_any_model_loads(tmp_p
         (["-p", PROMPTS], f"--prompts {PROMPTS}: the rollouts in {TRL_RUN / 'completions'} hold"),
         (["--keep-prompts", "kept.jsonl"],
          f"--keep-prompts kept.jsonl: the prompts are parquet ({TRL_RUN / 'completions'}"),
+        (["--shard", "0/2", "--json", "run.json"],
+         "a shard writes only the results cache: --json belong to the join"),
     ],
 )  # fmt: skip
 def test_options_that_do_not_fit_a_runs_rollouts_are_refused(extra, message):

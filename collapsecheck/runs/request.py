@@ -60,12 +60,14 @@ class ScanRequest:
 
 @dataclass(frozen=True)
 class Planned:
-    """A request planned: its units, the run they make (None: one checkpoint), and the
-    prompt file kept prompts are read from when the traces were sampled."""
+    """A request planned: its units, the run they make (None: one checkpoint), the prompt
+    file kept prompts are read from when the traces were sampled, and the shard's share to
+    run (None: all of it)."""
 
     plan: ScanPlan
     run: RunContext | None
     prompt_file: Path | None
+    shard: Shard | None = None
 
 
 def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
@@ -76,9 +78,10 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
         for note in notes:
             say(f"note: {note}")
     check_combinations(request, bool(run))
+    shard = requested_shard(request, bool(run))
     found = run_rollouts_of(request, bool(run))
     if found is not None:
-        return plan_from_rollouts(request, found, run, notes, say)
+        return replace(plan_from_rollouts(request, found, run, notes, say), shard=shard)
     if request.prompts is None:
         raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
     check_outputs(request.outputs, request.settings.rewards, request.prompts)
@@ -88,10 +91,10 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
             [single_row(single)], request.prompts, settings, cache=outputs.out,
             cached=outputs.out is not None, dump=outputs.dump, rescan=request.rescan,
         )  # fmt: skip
-        return Planned(plan, None, request.prompts)
+        return Planned(plan, None, request.prompts, shard)
     rows, context = request_run(request, run, notes)
     plan = plan_sampled(rows, request.prompts, settings, cache=outputs.out, rescan=request.rescan)
-    return Planned(plan, context, request.prompts)
+    return Planned(plan, context, request.prompts, shard)
 
 
 def request_run(
@@ -210,8 +213,7 @@ def carry_out(
     """Plan the request, then run it where the user said; `say` gets the lines a user reads
     on stderr (the plan, a shard's share, the Ray cluster joined)."""
     planned = plan_request(request, say)
-    shard = requested_shard(request, planned.run is not None)
-    plan = planned.plan
+    shard, plan = planned.shard, planned.plan
     if shard is not None:
         plan = share_of(plan, shard)
         say(f"{shard.describe()}: {len(plan.by_checkpoint())} checkpoint(s) of this run")

@@ -236,18 +236,34 @@ def finish_gate(
         raise typer.Exit(EXIT_FAIL)
 
 
+def write_page_and_summary(
+    outputs: OutputSettings, subject: Any, title: str, report: Any, results: Sequence[Any],
+    run: Any = None,
+) -> None:  # fmt: skip
+    """--html (the page of `subject`: a report, a run or a comparison) and --markdown (the
+    summary of `report` and its gate, with a link to the page)."""
+    from collapsecheck.files import write_text_atomic
+    from collapsecheck.reports.gate import markdown_report, page_link
+
+    if outputs.html is not None:
+        from collapsecheck.reports.html import write_html
+
+        write_html(outputs.html, subject, title)
+    if outputs.markdown is not None:
+        link = page_link(outputs.html, os.environ)
+        write_text_atomic(outputs.markdown, markdown_report(title, report, results, run, link))
+
+
 def gate_single_report(report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
     """Write a report's outputs, print it, and apply the gate to it."""
-    from collapsecheck.files import write_text_atomic
     from collapsecheck.reports.console import print_report
-    from collapsecheck.reports.gate import check_report, markdown_report
+    from collapsecheck.reports.gate import check_report
 
     with user_errors():
         results = check_report(report, gate)
         if outputs.json_path is not None:
             report.save(outputs.json_path)
-        if outputs.markdown is not None:
-            write_text_atomic(outputs.markdown, markdown_report(title, report, results))
+        write_page_and_summary(outputs, report, title, report, results)
     print_report(stdout, report)
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck")
@@ -255,9 +271,8 @@ def gate_single_report(report: Any, gate: Any, title: str, outputs: OutputSettin
 
 def gate_run_report(run_report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
     """Write a run's outputs, print its table, and apply the gate to its latest checkpoint."""
-    from collapsecheck.files import write_text_atomic
     from collapsecheck.reports.console import print_run
-    from collapsecheck.reports.gate import check_report, markdown_report
+    from collapsecheck.reports.gate import check_report
     from collapsecheck.reports.plot import plot_run
 
     with user_errors():
@@ -267,10 +282,8 @@ def gate_run_report(run_report: Any, gate: Any, title: str, outputs: OutputSetti
             run_report.save(outputs.json_path)
         if outputs.plot is not None:
             plot_run(run_report, outputs.plot)
-        if outputs.markdown is not None:
-            title = f"{title} (latest: {latest.checkpoint.label})"
-            text = markdown_report(title, latest.report, results, run_report)
-            write_text_atomic(outputs.markdown, text)
+        title = f"{title} (latest: {latest.checkpoint.label})"
+        write_page_and_summary(outputs, run_report, title, latest.report, results, run_report)
     print_run(stdout, run_report)
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck")
@@ -612,7 +625,7 @@ def compare(
     from collapsecheck.files import write_text_atomic
     from collapsecheck.reports.compare import compare_reports
     from collapsecheck.reports.console import print_comparison, progress_bars
-    from collapsecheck.reports.gate import RuleResult, markdown_report
+    from collapsecheck.reports.gate import RuleResult
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.runs.cache import default_cache_root
 
@@ -633,8 +646,7 @@ def compare(
         results = [RuleResult("input dependence", not comparison.lost, comparison.reason)]
         if outputs.json_path is not None:
             write_text_atomic(outputs.json_path, comparison.to_json())
-        if outputs.markdown is not None:
-            write_text_atomic(outputs.markdown, markdown_report(f"{a} vs {b}", second, results))
+        write_page_and_summary(outputs, comparison, f"{a} vs {b}", second, results)
     print_comparison(stdout, comparison)
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck.reports.compare", enforce=gate_exit)

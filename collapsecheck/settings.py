@@ -330,6 +330,11 @@ class OutputSettings:
         "Write JUnit XML, one test case per rule.", commands=(SCAN, SCORE, COMPARE)
     )
     plot: Path | None = output("Draw a run's picture to this PNG.", commands=(SCAN,))
+    html: Path | None = output(
+        "Write one self-contained HTML page: the verdict, the cross-scoring matrix, the traces "
+        "side by side, the per-prompt table (a run: its plot and every step's matrix).",
+        commands=(SCAN, SCORE, COMPARE),
+    )  # fmt: skip
     per_prompt: Path | None = output(
         "Write the per-prompt table (CSV, or parquet by its extension).", commands=(SCAN, SCORE)
     )

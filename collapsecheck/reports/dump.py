@@ -152,12 +152,10 @@ def read_flow(directory: str | Path) -> FlowLogProbs | None:
         ) from None
 
 
-def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
-    """The matrix and per-prompt counts of a dump: what `compute_metrics` needs to redo the
-    analysis."""
+def read_matrix(directory: str | Path) -> tuple[CrossLogProbs, np.ndarray]:
+    """The cross log-probability matrix of a dump, and each row's index in traces.jsonl."""
     directory = Path(directory)
     prompts = read_jsonl(directory / PROMPTS_FILE)
-    traces = read_jsonl(directory / TRACES_FILE)
     try:
         with np.load(directory / MATRIX_FILE) as npz:
             arrays = {key: npz[key] for key in npz.files}
@@ -168,18 +166,32 @@ def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
             column_group=column_groups([row["ids"] for row in prompts]),
             scored=arrays.get("scored"),
         )
-        counts = count_per_prompt(
-            len(prompts),
-            [row["prompt_index"] for row in traces],
-            [row["valid"] for row in traces],
-            [row["truncated"] for row in traces],
-            [row["reasoning"] for row in traces],
-        )
+        return matrix, arrays["row_trace_index"]
     except FileNotFoundError:
         raise CollapsecheckError(f"{directory / MATRIX_FILE}: missing from the dump") from None
     except (KeyError, ValueError, OSError) as err:
         raise CollapsecheckError(
             f"{directory}: not a complete collapsecheck dump ({err})"
+        ) from None
+
+
+def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
+    """The matrix and per-prompt counts of a dump: what `compute_metrics` needs to redo the
+    analysis."""
+    directory = Path(directory)
+    matrix, _ = read_matrix(directory)
+    traces = read_jsonl(directory / TRACES_FILE)
+    try:
+        counts = count_per_prompt(
+            matrix.num_prompts,
+            [row["prompt_index"] for row in traces],
+            [row["valid"] for row in traces],
+            [row["truncated"] for row in traces],
+            [row["reasoning"] for row in traces],
+        )
+    except (KeyError, ValueError) as err:
+        raise CollapsecheckError(
+            f"{directory / TRACES_FILE}: not a complete collapsecheck dump ({err})"
         ) from None
     return matrix, counts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,15 +106,32 @@ def markdown_run(run: RunReport) -> list[str]:
     return [*lines, "", f"**Onset:** {onset}", "", *findings, *([""] if findings else [])]
 
 
+def page_link(page: Path | None, environ: Mapping[str, str]) -> str | None:
+    """The summary's line pointing at the HTML page (None: no page): the file, named
+    relative to the summary beside it; in GitHub Actions, also the run's artifacts, where
+    `actions/upload-artifact` keeps it (docs/gate.md)."""
+    if page is None:
+        return None
+    line = f"**HTML report:** [{page.name}]({page.name})"
+    run = [environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID")]
+    if all(run):
+        server, repository, run_id = run
+        artifacts = f"{server}/{repository}/actions/runs/{run_id}#artifacts"
+        line += f", in [this run's artifacts]({artifacts})"
+    return line
+
+
 def markdown_report(
-    title: str, report: Report, results: Sequence[RuleResult], run: RunReport | None = None
-) -> str:
+    title: str, report: Report, results: Sequence[RuleResult], run: RunReport | None = None,
+    link: str | None = None,
+) -> str:  # fmt: skip
     """A summary of one report and its gate (and of the run it ends), fit for a pull-request
-    comment or a job summary."""
+    comment or a job summary; `link` points at the HTML page."""
     status = "passed" if not failures(results) else "failed"
     lines = [
         f"## collapsecheck: {title}",
         "",
+        *([link, ""] if link else []),
         *(markdown_run(run) if run is not None else []),
         f"**Verdict: `{report.verdict.regime}`**"
         + (f" ({report.verdict.style})" if report.verdict.style else "")

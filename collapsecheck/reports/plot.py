@@ -5,6 +5,7 @@ the four-quadrant view of entropy against MI with the run's path through it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -205,14 +206,13 @@ def _quadrants(ax, run: RunReport) -> None:
     ax.set_title("Regimes: the run's path, early (purple) to late (yellow)", fontsize=10)
 
 
-def plot_run(run: RunReport, path: str | Path) -> Path:
-    """Draw both panels of a run into a PNG file."""
+def run_figure(run: RunReport) -> Any:
+    """Both panels of a run (three with the trainer's log) in one matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
     logged = bool(run.logged_series)
     panels = 3 if logged else 2
     figure, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 5), gridspec_kw={"wspace": 0.32})
@@ -222,6 +222,15 @@ def plot_run(run: RunReport, path: str | Path) -> Path:
     _quadrants(axes[-1], run)
     onset = f"onset at step {run.onset_step}" if run.onset is not None else "no onset"
     figure.suptitle(f"collapsecheck: {run.run_dir.name} ({onset})", fontsize=12)
+    return figure
+
+
+def plot_run(run: RunReport, path: str | Path) -> Path:
+    """Draw the run's figure into a PNG file."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    figure = run_figure(run)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=150, bbox_inches="tight")

@@ -81,6 +81,7 @@ from collapsecheck.reports.dump import (
     write_per_prompt,
     write_samples,
 )
+from collapsecheck.reports.evidence import Evidence
 from collapsecheck.reports.report import Report
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
@@ -515,7 +516,17 @@ def diagnose(
         write_per_prompt(dump_dir, why.per_prompt)
         report.save(dump_dir / REPORT_FILE)
         report.dump_dir = dump_dir
+    else:
+        report.evidence = evidence(scores, traces, prepared, measured_flow)
     return report
+
+
+def evidence(
+    scores: CrossScores, traces: Sequence[Trace], prepared: Prepared, flow: FlowLogProbs | None
+) -> Evidence:
+    """What the report's page draws, kept in memory where no dump holds it."""
+    reasoning = [traces[int(i)].reasoning for i in scores.row_trace_index]
+    return Evidence(scores.matrix, reasoning, [p.text for p in prepared.rendered], flow)
 
 
 NO_REWARDS = (

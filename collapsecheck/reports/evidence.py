@@ -1,0 +1,66 @@
+"""What a page draws beyond a report's numbers: the cross log-probability matrix, the
+reasoning of each of its rows, and the flow's action matrices. A scan with a dump (every
+cached scan, and `--dump`) reads them back from it; a scan without one keeps them in memory
+on its report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.measures.flow import FlowLogProbs
+from collapsecheck.measures.metrics import CrossLogProbs
+from collapsecheck.reports.dump import (
+    MATRIX_FILE,
+    PROMPTS_FILE,
+    TRACES_FILE,
+    read_flow,
+    read_jsonl,
+    read_matrix,
+)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """`matrix` (SPEC "The cross log-probability matrix"); `reasoning[r]`: the reasoning Z of
+    matrix row r; `prompts[j]`: the rendered text of column j; `flow`: the action matrices
+    where the flow was scored."""
+
+    matrix: CrossLogProbs
+    reasoning: list[str]
+    prompts: list[str]
+    flow: FlowLogProbs | None = None
+
+
+def has_matrix(directory: Path | None) -> bool:
+    return directory is not None and (directory / MATRIX_FILE).is_file()
+
+
+def read_evidence(directory: Path) -> Evidence:
+    """A dump's matrix with its rows' reasoning and its flow's matrices."""
+    matrix, row_trace_index = read_matrix(directory)
+    traces = read_jsonl(directory / TRACES_FILE)
+    prompts = read_jsonl(directory / PROMPTS_FILE)
+    return Evidence(
+        matrix,
+        [traces[int(i)]["reasoning"] for i in row_trace_index],
+        [row["text"] for row in prompts],
+        read_flow(directory),
+    )
+
+
+def evidence_of(report: Any) -> Evidence | None:
+    """The report's evidence: kept in memory by a scan without a dump, else read from its
+    dump; None where there is neither (a report.json copied away from its dump)."""
+    if report.evidence is not None:
+        return report.evidence
+    return read_evidence(report.dump_dir) if has_matrix(report.dump_dir) else None
+
+
+def matrix_of(report: Any) -> CrossLogProbs | None:
+    """Only the matrix (what a run's small per-step pictures need), read without the
+    traces."""
+    if report.evidence is not None:
+        return report.evidence.matrix
+    return read_matrix(report.dump_dir)[0] if has_matrix(report.dump_dir) else None

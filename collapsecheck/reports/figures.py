@@ -1,0 +1,177 @@
+"""The page's pictures, drawn with matplotlib into self-contained strings: the cross-scoring
+matrix as a heatmap beside each row's matched minus marginal (PNG, as a data URI: its size
+is bounded by its pixels, not by the matrix), a run's small per-step heatmaps, and the run
+plot (SVG: lines stay sharp and small)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.special import logsumexp
+
+# Above this many rows a heatmap shows each prompt's rows averaged (one row per prompt).
+MAX_ROWS = 512
+# A run's per-step heatmaps show at most this many prompts a side (prompts binned).
+THUMBNAIL_SIDE = 32
+COLORMAP = "RdBu"  # blue: the column makes the row likelier
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    """A matrix as drawn: `cells` (rows x columns, NaN where not scored), each row's prompt,
+    each row's matched minus marginal (`gain`), and a note when rows were summarised."""
+
+    cells: np.ndarray
+    row_prompt: np.ndarray
+    gain: np.ndarray
+    note: str = ""
+
+
+def centered(values: np.ndarray, scored: np.ndarray) -> np.ndarray:
+    """Each row minus its log-mean-exp over its scored cells: how much more likely the row
+    is under that column than under the batch's mixture (SPEC "The cross log-probability
+    matrix"); NaN where not scored. A grounded policy shows a bright diagonal of blocks."""
+    masked = np.where(scored, values, -np.inf)
+    count = np.maximum(scored.sum(axis=1, keepdims=True), 1)
+    center = logsumexp(masked, axis=1, keepdims=True) - np.log(count)
+    return np.where(scored, values - center, np.nan)
+
+
+def heatmap(cells: np.ndarray, row_prompt: np.ndarray, gain: np.ndarray) -> Heatmap:
+    """Rows grouped by prompt (stable within a prompt); above MAX_ROWS rows, one row per
+    prompt holding the mean of its rows."""
+    order = np.argsort(row_prompt, kind="stable")
+    cells, row_prompt, gain = cells[order], row_prompt[order], gain[order]
+    if len(row_prompt) <= MAX_ROWS:
+        return Heatmap(cells, row_prompt, gain)
+    prompts = np.unique(row_prompt)
+    with _quiet_nan_means():
+        averaged = np.stack([np.nanmean(cells[row_prompt == p], axis=0) for p in prompts])
+        gains = np.array([np.nanmean(gain[row_prompt == p]) for p in prompts])
+    note = f"{len(row_prompt)} rows: each prompt's rows averaged into one"
+    return Heatmap(averaged, prompts, gains, note)
+
+
+@contextmanager
+def _quiet_nan_means() -> Iterator[None]:
+    """Means of all-NaN slices are NaN (a prompt without scored rows), without a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _limit(cells: np.ndarray) -> float:
+    finite = np.abs(cells[np.isfinite(cells)])
+    return float(np.percentile(finite, 99)) if finite.size else 1.0
+
+
+def data_uri(figure: Any, dpi: int = 100) -> str:
+    """A figure as a PNG data URI (the figure is closed)."""
+    plt = _pyplot()
+    buffer = io.BytesIO()
+    try:
+        figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    finally:
+        plt.close(figure)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def svg_text(figure: Any) -> str:
+    """A figure as inline SVG markup (the figure is closed)."""
+    plt = _pyplot()
+    buffer = io.StringIO()
+    try:
+        figure.savefig(buffer, format="svg", bbox_inches="tight")
+    finally:
+        plt.close(figure)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def heatmap_picture(drawn: Heatmap, columns: str, gain_label: str) -> str:
+    """The heatmap beside a bar per row of matched minus marginal, as a PNG data URI."""
+    plt = _pyplot()
+    rows = drawn.cells.shape[0]
+    height = float(np.clip(rows / 40, 3.5, 9))
+    figure, (ax, bars) = plt.subplots(
+        1, 2, figsize=(9, height), sharey=True, gridspec_kw={"width_ratios": [4, 1], "wspace": 0.04}
+    )
+    limit = max(_limit(drawn.cells), 1e-6)
+    shown = np.ma.masked_invalid(drawn.cells)
+    cmap = plt.get_cmap(COLORMAP).with_extremes(bad="#d9d9d9")
+    image = ax.imshow(
+        shown, aspect="auto", cmap=cmap, vmin=-limit, vmax=limit, interpolation="nearest"
+    )
+    edges = np.flatnonzero(np.diff(drawn.row_prompt)) + 0.5
+    if len(edges) < 80:
+        for edge in edges:
+            ax.axhline(edge, color="white", linewidth=0.4)
+    ax.set_xlabel(columns)
+    ax.set_ylabel("traces, grouped by their own prompt" if not drawn.note else "prompts")
+    figure.colorbar(image, ax=bars, fraction=0.25, pad=0.08, label="nats per token vs row mix")
+    colors = np.where(drawn.gain > 0, "#2166ac", "#b2182b")
+    bars.barh(np.arange(rows), np.nan_to_num(drawn.gain), color=colors, height=1.0)
+    bars.axvline(0, color="black", linewidth=0.6)
+    bars.set_xlabel(gain_label)
+    bars.set_ylim(rows - 0.5, -0.5)
+    return data_uri(figure)
+
+
+def binned(cells: np.ndarray, side: int) -> np.ndarray:
+    """A square matrix averaged into at most `side` x `side` blocks."""
+    n = cells.shape[0]
+    if n <= side:
+        return cells
+    blocks = list(itertools.pairwise(np.linspace(0, n, side + 1).astype(int)))
+    with _quiet_nan_means():
+        return np.array([[np.nanmean(cells[a:b, c:d]) for c, d in blocks] for a, b in blocks])
+
+
+def prompt_by_prompt(cells: np.ndarray, row_prompt: np.ndarray) -> np.ndarray:
+    """Each prompt's rows averaged: an N x N matrix (NaN for a prompt without rows)."""
+    n = cells.shape[1]
+    out = np.full((n, n), np.nan)
+    with _quiet_nan_means():
+        for p in np.unique(row_prompt):
+            out[p] = np.nanmean(cells[row_prompt == p], axis=0)
+    return out
+
+
+def run_limit(small: list[np.ndarray]) -> float:
+    """One colour scale for all of a run's small heatmaps, so that a fading diagonal fades."""
+    finite = [m[np.isfinite(m)] for m in small]
+    return max(_limit(np.concatenate(finite)) if finite else 1.0, 1e-6)
+
+
+def step_picture(cells: np.ndarray, row_prompt: np.ndarray) -> np.ndarray:
+    """A step's matrix as its small heatmap shows it: prompts against prompts, binned to
+    THUMBNAIL_SIDE a side."""
+    return binned(prompt_by_prompt(cells, row_prompt), THUMBNAIL_SIDE)
+
+
+def thumbnail(small: np.ndarray, limit: float) -> str:
+    """A small heatmap as a PNG data URI, one pixel per cell (the page scales it up without
+    smoothing), on the colour scale +-`limit`."""
+    plt = _pyplot()
+    cmap = plt.get_cmap(COLORMAP).with_extremes(bad="#d9d9d9")
+    buffer = io.BytesIO()
+    shown = np.ma.masked_invalid(small)
+    plt.imsave(buffer, shown, cmap=cmap, vmin=-limit, vmax=limit, format="png")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")

@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: grpo-run-scans install demo test test-cluster test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
+.PHONY: grpo-run-scans install demo test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
 
 install: $(STAMP)
 
@@ -33,12 +33,29 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
 	$(VENV)/bin/ruff format --check collapsecheck tests scripts bench
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm --ignore=tests/cluster
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm --ignore=tests/cluster --ignore=tests/browser
 
 # The Slurm array example against a real one-node Slurm (munged, slurmctld, slurmd started by
 # scripts/slurm-one-node.sh, which installs Debian's slurm-wlm and munge): needs root.
 test-cluster: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -ra tests/cluster
+
+# The HTML pages in a real browser: Debian's Chromium (installed when missing: needs root, as
+# test-cluster does), driven headless by Playwright (the `browser` extra; Playwright's own
+# browser download is never used).
+BROWSER_STAMP := $(VENV)/.browser
+
+$(BROWSER_STAMP): $(STAMP)
+	command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	$(PY) -m pip install -q -e ".[dev,browser]"
+	touch $@
+
+test-browser: $(BROWSER_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -ra tests/browser
+
+# The README's screenshots of the HTML pages, taken by the browser tests.
+screenshots: $(BROWSER_STAMP)
+	COLLAPSECHECK_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q tests/browser
 
 # The vLLM backend, for real, on the CPU build of vLLM. Its extra torchvision, torchaudio and
 # torchcodec builds do not import against this torch and are removed.
@@ -107,6 +124,7 @@ bench: $(STAMP)
 	$(PY) bench/negatives.py
 	$(PY) bench/scaling.py
 	$(PY) bench/callback.py
+	$(PY) bench/html_page.py
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env

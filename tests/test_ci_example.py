@@ -31,6 +31,9 @@ def test_workflow_gate_steps_pass(tmp_path):
             **os.environ,
             **env,
             "GITHUB_STEP_SUMMARY": str(summary),
+            "GITHUB_SERVER_URL": "https://github.com",
+            "GITHUB_REPOSITORY": "org/rl-run",
+            "GITHUB_RUN_ID": "7",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         }
         result = subprocess.run(
@@ -40,3 +43,7 @@ def test_workflow_gate_steps_pass(tmp_path):
         assert result.returncode == 0, (name, result.stdout, result.stderr)
         assert "## collapsecheck:" in summary.read_text()
     assert (tmp_path / "collapsecheck.xml").is_file() and (tmp_path / "report.json").is_file()
+    # the page the artifact step keeps, linked from the job summary to the run's artifacts
+    assert "<img class=\"heatmap\"" in (tmp_path / "collapsecheck.html").read_text()
+    artifacts = "(https://github.com/org/rl-run/actions/runs/7#artifacts)"
+    assert artifacts in (tmp_path / "gate.md").read_text()

@@ -38,6 +38,8 @@ def test_the_headline_command_answers_from_the_shipped_results(tmp_path, monkeyp
     for finding in ("entropy_blind", "reward_without_input", "zero_variance_rising"):
         assert f"finding ({finding})" in words
     assert (tmp_path / "run.png").stat().st_size > 10_000
+    page = (tmp_path / "run.html").read_text()
+    assert page.count('<figure class="') >= 11 and "<svg" in page  # a heatmap per step, the plot
     assert sorted(p.name for p in (tmp_path / "examples" / SHIPPED.name).iterdir()) == sorted(
         p.name for p in SHIPPED.iterdir()
     ), "a step was scanned again: regenerate the shipped results (make grpo-run-scans)"

@@ -21,6 +21,9 @@ from scipy.special import logsumexp
 MAX_ROWS = 512
 # A run's per-step heatmaps show at most this many prompts a side (prompts binned).
 THUMBNAIL_SIDE = 32
+# The colour scale reaches at least this far (nats per token), so that noise around a flat
+# field stays pale instead of filling the scale.
+MIN_LIMIT = 0.25
 COLORMAP = "RdBu"  # blue: the column makes the row likelier
 
 
@@ -78,8 +81,9 @@ def _pyplot() -> Any:
 
 
 def _limit(cells: np.ndarray) -> float:
+    """The colour scale's reach: the 99th percentile of |cells|, at least MIN_LIMIT."""
     finite = np.abs(cells[np.isfinite(cells)])
-    return float(np.percentile(finite, 99)) if finite.size else 1.0
+    return max(float(np.percentile(finite, 99)) if finite.size else 0.0, MIN_LIMIT)
 
 
 def data_uri(figure: Any, dpi: int = 100) -> str:
@@ -113,7 +117,7 @@ def heatmap_picture(drawn: Heatmap, columns: str, gain_label: str) -> str:
     figure, (ax, bars) = plt.subplots(
         1, 2, figsize=(9, height), sharey=True, gridspec_kw={"width_ratios": [4, 1], "wspace": 0.04}
     )
-    limit = max(_limit(drawn.cells), 1e-6)
+    limit = _limit(drawn.cells)
     shown = np.ma.masked_invalid(drawn.cells)
     cmap = plt.get_cmap(COLORMAP).with_extremes(bad="#d9d9d9")
     image = ax.imshow(
@@ -156,8 +160,7 @@ def prompt_by_prompt(cells: np.ndarray, row_prompt: np.ndarray) -> np.ndarray:
 
 def run_limit(small: list[np.ndarray]) -> float:
     """One colour scale for all of a run's small heatmaps, so that a fading diagonal fades."""
-    finite = [m[np.isfinite(m)] for m in small]
-    return max(_limit(np.concatenate(finite)) if finite else 1.0, 1e-6)
+    return _limit(np.concatenate([m.ravel() for m in small])) if small else MIN_LIMIT
 
 
 def step_picture(cells: np.ndarray, row_prompt: np.ndarray) -> np.ndarray:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 
 from collapsecheck.files import write_text_atomic
 from collapsecheck.formatting import format_number
@@ -25,7 +27,7 @@ from collapsecheck.measures.flow import NOT_MEASURED, flow_rows
 from collapsecheck.measures.metrics import matched_and_marginal
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.reports.compare import Comparison
-from collapsecheck.reports.console import print_comparison, print_report, print_run
+from collapsecheck.reports.console import print_comparison, print_report, print_run, run_table
 from collapsecheck.reports.evidence import Evidence, evidence_of, matrix_of
 from collapsecheck.reports.figures import (
     centered,
@@ -80,11 +82,17 @@ def page(title: str, body: str) -> str:
     )
 
 
-def console_fragment(draw: Callable[[Console], None]) -> str:
+def console_fragment(draw: Callable[[Console], None], width: int = CONSOLE_WIDTH) -> str:
     """What the console prints, exported as HTML with inline styles."""
-    console = Console(record=True, width=CONSOLE_WIDTH, file=io.StringIO(), force_terminal=True)
+    console = Console(record=True, width=width, file=io.StringIO(), force_terminal=True)
     draw(console)
     return console.export_html(inline_styles=True, code_format='<pre class="console">{code}</pre>')
+
+
+def width_of(table: Table) -> int:
+    """The console width a table needs to show every column whole."""
+    console = Console(width=1000, file=io.StringIO())
+    return max(CONSOLE_WIDTH, Measurement.get(console, console.options, table).maximum)
 
 
 def note(text: str) -> str:
@@ -130,7 +138,8 @@ def matrix_section(report: Report, evidence: Evidence) -> str:
             "under the batch's mixture: blue where the prompt makes it likelier. Grounded "
             "reasoning shows a diagonal of blue blocks (its own prompt); a template shows a "
             "flat field. Beside it, each trace's matched minus marginal (its share of "
-            "mi_estimate). Grey: not scored (sampled negatives).",
+            "mi_estimate). Grey: not scored (sampled negatives). The colour scale reaches at "
+            "least 0.25 nats per token, so that noise stays pale.",
             drawn.note,
         ),
     ]
@@ -272,18 +281,26 @@ def traces_by_prompt(report: Report, evidence: Evidence, anchor: str) -> str:
 
 
 def report_body(report: Report, anchor: str = "") -> str:
-    """Everything a page shows of one report (`anchor` keeps two reports' links apart)."""
+    """Everything a page shows of one report (`anchor` keeps two reports' links apart): the
+    verdict, the pictures, the numbers as the console prints them, the tables."""
     evidence = evidence_of(report)
-    parts = [verdict_banner(report), console_fragment(lambda c: print_report(c, report))]
+    numbers = "<h2>The numbers</h2>" + console_fragment(lambda c: print_report(c, report))
     if evidence is None:
-        parts.append(note("no cross-scoring matrix to draw: this report.json was read "
-                          "without its dump (SPEC \"Dump format\")"))  # fmt: skip
-    else:
-        parts += [matrix_section(report, evidence), side_by_side(report, evidence)]
-    parts.append(prompt_table(report, anchor, linked=evidence is not None))
-    if evidence is not None:
-        parts.append(traces_by_prompt(report, evidence, anchor))
-    return "\n".join(parts)
+        missing = note("no cross-scoring matrix to draw: this report.json was read without "
+                       "its dump (SPEC \"Dump format\")")  # fmt: skip
+        return "\n".join(
+            [verdict_banner(report), missing, numbers, prompt_table(report, anchor, False)]
+        )
+    return "\n".join(
+        [
+            verdict_banner(report),
+            matrix_section(report, evidence),
+            side_by_side(report, evidence),
+            numbers,
+            prompt_table(report, anchor, linked=True),
+            traces_by_prompt(report, evidence, anchor),
+        ]
+    )
 
 
 def scan_page(report: Report, title: str) -> str:
@@ -329,7 +346,7 @@ def run_page(run: RunReport, title: str) -> str:
     body = [
         verdict_banner(latest.report),
         f'<div class="plot">{svg_text(run_figure(run))}</div>',
-        console_fragment(lambda c: print_run(c, run)),
+        console_fragment(lambda c: print_run(c, run), width_of(run_table(run))),
         step_strip(run),
         f"<h2>Latest: {escape(latest.checkpoint.label)}</h2>",
         report_body(latest.report),

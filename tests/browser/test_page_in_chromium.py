@@ -1,0 +1,150 @@
+"""The HTML pages in a real browser: Debian's Chromium, driven headless by Playwright, with
+every request that is not the page itself refused. The demo scan's page and the demo run's
+page open without a console error, their pictures load, the per-prompt table sorts, a
+prompt's number opens its traces; a screenshot of each is taken (into
+$COLLAPSECHECK_SCREENSHOTS when set, which `make screenshots` uses for the README).
+
+`make test-browser` installs Chromium (Debian's package) and Playwright; without Chromium
+these tests fail rather than skip."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+from typer.testing import CliRunner
+
+from collapsecheck.cli import app
+from tests.conftest import COLLAPSED, EXAMPLES, PROMPTS, ROOT
+
+REWARD = EXAMPLES / "rewards" / "gridworld.py"
+SCAN_ARGS = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "64", "--device",
+             "cpu", "--fail-on", "none", "--reward-fn", str(REWARD)]  # fmt: skip
+GRPO_RUN = EXAMPLES / "grpo-run"
+# the README's headline command, answered from the scans the repository ships
+GRPO_ARGS = [*SCAN_ARGS, "--baseline", str(EXAMPLES / "demo-run" / "global_step_200"),
+             "--out", str(EXAMPLES / "grpo-run-scans")]  # fmt: skip
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("Chromium is not installed: `make test-browser` installs Debian's chromium")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """The demo scan's page (the collapsed checkpoint) and the GRPO run's page."""
+    out = tmp_path_factory.mktemp("pages")
+    runner = CliRunner()
+    here = Path.cwd()
+    os.chdir(ROOT)  # paths as a user in the repository types them (the pages' titles)
+    try:
+        for args in (
+            ["scan", COLLAPSED.relative_to(ROOT), *SCAN_ARGS, "--html", out / "scan.html"],
+            ["scan", GRPO_RUN.relative_to(ROOT), *GRPO_ARGS, "--html", out / "run.html"],
+        ):
+            result = runner.invoke(app, [str(a) for a in args])
+            assert result.exit_code in (0, 1), result.output  # 1: the run's gate fails
+    finally:
+        os.chdir(here)
+    return {"scan": out / "scan.html", "run": out / "run.html"}
+
+
+class Opened:
+    """A page opened offline: what its console said, and what it tried to fetch."""
+
+    def __init__(self, browser, path: Path):
+        self.page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        self.errors: list[str] = []
+        self.refused: list[str] = []
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda error: self.errors.append(f"page error: {error}"))
+        self.page.route("**/*", self._route)
+        self.url = path.resolve().as_uri()
+        self.page.goto(self.url)
+        self.page.wait_for_selector("body[data-ready=true]", timeout=15_000)
+
+    def _console(self, message) -> None:
+        if message.type in ("error", "warning"):
+            self.errors.append(f"console {message.type}: {message.text}")
+
+    def _route(self, route) -> None:
+        if route.request.url == self.url:
+            route.continue_()
+        else:
+            self.refused.append(route.request.url)
+            route.abort()
+
+    def screenshot(self, name: str, tmp_path: Path) -> Path:
+        folder = Path(os.environ.get("COLLAPSECHECK_SCREENSHOTS", tmp_path))
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        self.page.screenshot(path=str(path), full_page=False)
+        return path
+
+
+def images_loaded(page) -> list[int]:
+    return page.evaluate("Array.from(document.images).map(image => image.naturalWidth)")
+
+
+def column_values(page, column: int) -> list[float]:
+    cells = page.eval_on_selector_all(
+        f"table.prompts tbody tr td:nth-child({column})", "cells => cells.map(c => c.dataset.value)"
+    )
+    return [float(v) for v in cells if v not in ("", None)]
+
+
+def test_scan_page_opens_offline_without_errors_and_works(browser, pages, tmp_path):
+    opened = Opened(browser, pages["scan"])
+    page = opened.page
+    assert opened.errors == [] and opened.refused == []
+    shot = opened.screenshot("html-report-scan.png", tmp_path)
+    assert shot.stat().st_size > 10_000
+    widths = images_loaded(page)
+    assert widths and all(w > 0 for w in widths)  # every picture decoded
+    assert page.locator("img.heatmap").count() == 3  # X->Z and the flow's two
+    assert page.locator("table.prompts tbody tr").count() == 16
+    assert page.locator(".side .column").count() == 3
+    assert page.locator(".side mark").count() > 0  # the shared spans are marked
+    header = page.locator("table.prompts th", has_text="own MI")
+    column = page.locator("table.prompts th").all_inner_texts().index("own MI") + 1
+    header.click()
+    ascending = column_values(page, column)
+    assert ascending == sorted(ascending) and header.get_attribute("aria-sort") == "ascending"
+    header.click()
+    assert column_values(page, column) == sorted(ascending, reverse=True)
+    first = page.locator("table.prompts tbody tr a").first
+    target = first.get_attribute("href")[1:]
+    assert not page.locator(f"details#{target}").evaluate("d => d.open")
+    first.click()
+    assert page.locator(f"details#{target}").evaluate("d => d.open")
+    assert page.locator(f"details#{target} .trace").count() > 1
+    assert opened.errors == []
+
+
+def test_run_page_opens_offline_with_its_plot_and_a_heatmap_per_step(browser, pages, tmp_path):
+    opened = Opened(browser, pages["run"])
+    page = opened.page
+    assert opened.errors == [] and opened.refused == []
+    assert all(w > 0 for w in images_loaded(page))
+    assert page.locator(".plot svg").count() == 1
+    box = page.locator(".plot svg").bounding_box()
+    assert box["width"] > 600 and box["height"] > 200  # drawn at a readable size
+    steps = page.locator(".steps figure")
+    assert steps.count() == 11  # the baseline and the run's 10 checkpoints
+    assert page.locator(".steps figure.onset").count() == 1
+    assert page.locator(".steps img").first.bounding_box()["width"] >= 60
+    assert "finding (entropy_blind)" in page.inner_text("body")
+    shot = opened.screenshot("html-report-run.png", tmp_path)
+    assert shot.stat().st_size > 10_000

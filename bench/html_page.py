@@ -27,7 +27,22 @@ from collapsecheck.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-WORDS = "let me think about the goal first then move up down left right carefully".split()
+WORDS = [
+    "let",
+    "me",
+    "think",
+    "about",
+    "the",
+    "goal",
+    "first",
+    "then",
+    "move",
+    "up",
+    "down",
+    "left",
+    "right",
+    "carefully",
+]
 
 
 def grpo_run() -> RunReport:

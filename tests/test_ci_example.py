@@ -44,6 +44,6 @@ def test_workflow_gate_steps_pass(tmp_path):
         assert "## collapsecheck:" in summary.read_text()
     assert (tmp_path / "collapsecheck.xml").is_file() and (tmp_path / "report.json").is_file()
     # the page the artifact step keeps, linked from the job summary to the run's artifacts
-    assert "<img class=\"heatmap\"" in (tmp_path / "collapsecheck.html").read_text()
+    assert '<img class="heatmap"' in (tmp_path / "collapsecheck.html").read_text()
     artifacts = "(https://github.com/org/rl-run/actions/runs/7#artifacts)"
     assert artifacts in (tmp_path / "gate.md").read_text()

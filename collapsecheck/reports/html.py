@@ -346,8 +346,8 @@ def run_page(run: RunReport, title: str) -> str:
     body = [
         verdict_banner(latest.report),
         f'<div class="plot">{svg_text(run_figure(run))}</div>',
-        console_fragment(lambda c: print_run(c, run), width_of(run_table(run))),
         step_strip(run),
+        console_fragment(lambda c: print_run(c, run), width_of(run_table(run))),
         f"<h2>Latest: {escape(latest.checkpoint.label)}</h2>",
         report_body(latest.report),
     ]

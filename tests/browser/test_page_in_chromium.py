@@ -22,6 +22,7 @@ REWARD = EXAMPLES / "rewards" / "gridworld.py"
 SCAN_ARGS = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "64", "--device",
              "cpu", "--fail-on", "none", "--reward-fn", str(REWARD)]  # fmt: skip
 GRPO_RUN = EXAMPLES / "grpo-run"
+DEMO_RUN = EXAMPLES / "demo-run"
 # the README's headline command, answered from the scans the repository ships
 GRPO_ARGS = [*SCAN_ARGS, "--baseline", str(EXAMPLES / "demo-run" / "global_step_200"),
              "--out", str(EXAMPLES / "grpo-run-scans")]  # fmt: skip
@@ -44,7 +45,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
-    """The demo scan's page (the collapsed checkpoint) and the GRPO run's page."""
+    """The demo scan's page (the collapsed checkpoint), the GRPO run's and the demo run's."""
     out = tmp_path_factory.mktemp("pages")
     runner = CliRunner()
     here = Path.cwd()
@@ -52,13 +53,15 @@ def pages(tmp_path_factory):
     try:
         for args in (
             ["scan", COLLAPSED.relative_to(ROOT), *SCAN_ARGS, "--html", out / "scan.html"],
-            ["scan", GRPO_RUN.relative_to(ROOT), *GRPO_ARGS, "--html", out / "run.html"],
-        ):
+            ["scan", GRPO_RUN.relative_to(ROOT), *GRPO_ARGS, "--html", out / "grpo-run.html"],
+            ["scan", DEMO_RUN.relative_to(ROOT), *SCAN_ARGS, "--out", out / "cache",
+             "--html", out / "demo-run.html"],
+        ):  # fmt: skip
             result = runner.invoke(app, [str(a) for a in args])
             assert result.exit_code in (0, 1), result.output  # 1: the run's gate fails
     finally:
         os.chdir(here)
-    return {"scan": out / "scan.html", "run": out / "run.html"}
+    return {name: out / f"{name}.html" for name in ("scan", "grpo-run", "demo-run")}
 
 
 class Opened:
@@ -133,18 +136,21 @@ def test_scan_page_opens_offline_without_errors_and_works(browser, pages, tmp_pa
     assert opened.errors == []
 
 
-def test_run_page_opens_offline_with_its_plot_and_a_heatmap_per_step(browser, pages, tmp_path):
-    opened = Opened(browser, pages["run"])
+@pytest.mark.parametrize("name, steps", [("grpo-run", 11), ("demo-run", 5)])
+def test_run_page_opens_offline_with_its_plot_and_a_heatmap_per_step(
+    browser, pages, tmp_path, name, steps
+):
+    opened = Opened(browser, pages[name])
     page = opened.page
     assert opened.errors == [] and opened.refused == []
     assert all(w > 0 for w in images_loaded(page))
     assert page.locator(".plot svg").count() == 1
     box = page.locator(".plot svg").bounding_box()
     assert box["width"] > 600 and box["height"] > 200  # drawn at a readable size
-    steps = page.locator(".steps figure")
-    assert steps.count() == 11  # the baseline and the run's 10 checkpoints
+    assert page.locator(".steps figure").count() == steps  # the GRPO run: its baseline too
     assert page.locator(".steps figure.onset").count() == 1
     assert page.locator(".steps img").first.bounding_box()["width"] >= 60
-    assert "finding (entropy_blind)" in page.inner_text("body")
-    shot = opened.screenshot("html-report-run.png", tmp_path)
+    assert page.locator("img.heatmap").count() >= 1  # the latest checkpoint's matrix
+    assert "onset: step" in page.inner_text("body")
+    shot = opened.screenshot(f"html-report-{name}.png", tmp_path)
     assert shot.stat().st_size > 10_000

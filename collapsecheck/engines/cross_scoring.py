@@ -17,6 +17,7 @@ import numpy as np
 from collapsecheck.engines.backends.base import Backend, ScoreRequest
 from collapsecheck.engines.reasoning import Trace
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.images import with_images_of
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs
 from collapsecheck.progress import ProgressHook
@@ -35,13 +36,15 @@ class FlowScores:
 @dataclass(frozen=True)
 class CrossScores:
     """The matrices plus, per row, which trace it is and how many tokens Z has; the flow's
-    matrices when it was measured."""
+    matrices when it was measured; with `image_swap`, the X->Z matrix again with only the
+    image swapped (`inputs.images.swap_reason` says when that can be done)."""
 
     matrix: CrossLogProbs
     row_trace_index: np.ndarray
     reasoning_tokens: np.ndarray
     flow: FlowScores | None = None
     tokens_scored: int = 0  # continuation tokens whose log-probability was read, all requests
+    image_swapped: np.ndarray | None = None  # sums with only the image swapped (M, N)
 
 
 def first_of_each(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
@@ -154,6 +157,22 @@ def plan_flow(
                 plan.add(request(row, s, own_group[s]), "natural", row, s)
 
 
+def plan_image_swaps(
+    plan: Plan, valid: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], own: np.ndarray,
+    scored_under: dict[int, np.ndarray],
+) -> None:  # fmt: skip
+    """SPEC "What the image carries": each valid trace's pre + Z under its own prompt's text
+    with the image of each prompt its group is scored under."""
+    for row, trace in enumerate(valid):
+        continuation = trace.prefix_ids + trace.reasoning_ids
+        own_ids = prompt_ids[trace.prompt_index]
+        for group in scored_under[int(own[row])]:
+            context = with_images_of(own_ids, prompt_ids[group])
+            plan.add(
+                ScoreRequest(context, continuation, len(trace.prefix_ids)), "image", row, int(group)
+            )
+
+
 def check_finite(values: np.ndarray) -> None:
     broken = int((~np.isfinite(values)).sum())
     if broken:
@@ -172,6 +191,7 @@ def cross_score(
     negatives: int | None = None,
     seed: int = 0,
     flow: bool = False,
+    image_swap: bool = False,
 ) -> CrossScores:
     """Score the valid traces under every prompt, or under their own and `negatives` sampled
     others; with `flow`, the action matrices of the flow-valid traces too (`swap_count`
@@ -192,6 +212,8 @@ def cross_score(
     acting_own = groups[[t.prompt_index for t in acting]] if acting else np.zeros(0, np.int64)
     swaps = chosen_swaps(acting_own, scored_under, swap_count(negatives), seed)
     plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
+    if image_swap:
+        plan_image_swaps(plan, valid, prompt_ids, own, scored_under)
     values = backend.loglikelihood(plan.requests, progress("scoring", len(plan.requests)))
     check_finite(values)
     lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)
@@ -208,7 +230,12 @@ def cross_score(
         flow_matrices(plan, values, acting, groups, flow_rows, responses) if flow else None
     )
     scored_tokens = sum(len(r.continuation) - r.scored_from for r in plan.requests)
-    return CrossScores(matrix, np.array(rows, dtype=np.int64), lengths, flow_scores, scored_tokens)
+    swapped = (
+        plan.fill(values, "image", (len(valid), len(groups)))[:, groups] if image_swap else None
+    )
+    return CrossScores(
+        matrix, np.array(rows, dtype=np.int64), lengths, flow_scores, scored_tokens, swapped
+    )
 
 
 def flow_matrices(

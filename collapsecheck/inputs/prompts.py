@@ -22,7 +22,7 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 TEXT_FIELDS = ("prompt", "messages")
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]  # content: a string, or a list of text and image parts
 
 
 @dataclass(frozen=True)
@@ -61,22 +61,46 @@ def _decode_lines(path: Path) -> list[str]:
     return text.splitlines()
 
 
-def _messages(value: Any, where: str) -> Messages:
+def _messages(value: Any, where: str, base: Path, images: list[Any] | None = None) -> Messages:
+    """Chat messages, checked: string contents (with veRL's `<image>` placeholders taking
+    the row's `images` in order), or lists of text and image parts (`inputs.images`)."""
+    from collapsecheck.inputs.images import message_parts, read_image, split_placeholders
+
     if not isinstance(value, list) or not value:
         raise CollapsecheckError(f"{where}: chat messages must be a non-empty list")
+    row_images = [read_image(_embedded(i), base, where) for i in images or []]
+    messages: Messages = []
     for message in value:
-        if not (
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
+        content = message.get("content") if isinstance(message, dict) else None
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)) or not (
+            isinstance(content, str | list)
         ):
             raise CollapsecheckError(
-                f"{where}: each chat message needs a string 'role' and a string 'content'"
+                f"{where}: each chat message needs a string 'role' and a 'content' (a string, "
+                "or a list of text and image parts)"
             )
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+        if isinstance(content, list):
+            content = message_parts(content, base, where)
+        elif row_images and "<image>" in content:
+            content = split_placeholders(content, row_images, where)
+        messages.append({"role": message["role"], "content": content})
+    if row_images:
+        raise CollapsecheckError(
+            f"{where}: {len(row_images)} of the row's images have no <image> placeholder"
+        )
+    return messages
 
 
-def prompt_from_row(row: Any, field: str | None, where: str) -> str | Messages:
+def _embedded(image: Any) -> Any:
+    """An entry of veRL's `images` column: a path, bytes, or {"bytes": ..., "path": ...}."""
+    if isinstance(image, dict):
+        return image.get("bytes") or image.get("path") or image.get("image")
+    return image
+
+
+def prompt_from_row(row: Any, field: str | None, where: str, base: Path) -> str | Messages:
+    """A row's prompt: a string, or chat messages (images relative to `base`, the folder of
+    the file)."""
     fields = (field,) if field else TEXT_FIELDS
     name = next((f for f in fields if f in row), None)
     if name is None:
@@ -87,7 +111,7 @@ def prompt_from_row(row: Any, field: str | None, where: str) -> str | Messages:
         if not value.strip():
             raise CollapsecheckError(f"{where}: the {name!r} field is empty")
         return value
-    return _messages(value, f"{where} ({name!r})")
+    return _messages(value, f"{where} ({name!r})", base, row.get("images"))
 
 
 def plain_value(value: Any) -> Any:
@@ -166,7 +190,7 @@ def load_prompts(
             ]
             field = None
     prompts = [
-        Prompt(prompt_from_row(row, field, where), where, row, number)
+        Prompt(prompt_from_row(row, field, where, path.parent), where, row, number)
         for where, row, number in rows[:num_prompts]
     ]
     if not prompts:
@@ -181,17 +205,27 @@ def render_prompt(
     as_chat: bool = False,
     system_prompt: str | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    vision: Any = None,
 ) -> RenderedPrompt:
     """Render one prompt to text and token ids with the checkpoint's tokenizer.
 
     `as_chat` or a `system_prompt` turn a plain string into a user message; the system prompt
     is added to chat prompts that do not begin with one of their own. `template_kwargs` go to
-    the chat template as given (`enable_thinking`, say)."""
+    the chat template as given (`enable_thinking`, say). A prompt with images needs the
+    backend's `vision` (`engines.backends.hf_vlm.Vision`): each image's placeholder becomes
+    its image tokens, holding the image's slot (`inputs.images`)."""
+    from collapsecheck.inputs.images import images_of
+
     content = prompt.content
     if isinstance(content, str) and (as_chat or system_prompt):
         content = [{"role": "user", "content": content}]
     if system_prompt and isinstance(content, list) and content[0]["role"] != "system":
         content = [{"role": "system", "content": system_prompt}, *content]
+    images = images_of(content)
+    if images and vision is None:
+        raise CollapsecheckError(
+            f"{prompt.origin}: the prompt holds images but the checkpoint is a text-only model"
+        )
     if isinstance(content, list):
         if not getattr(tokenizer, "chat_template", None):
             raise CollapsecheckError(
@@ -199,22 +233,55 @@ def render_prompt(
                 "has no chat template; give plain-string prompts or a tokenizer with one"
             )
         text = tokenizer.apply_chat_template(
-            content, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
-        )
+            _template_messages(content), add_generation_prompt=True, tokenize=False,
+            **(template_kwargs or {}),
+        )  # fmt: skip
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
         text = content
         ids = tokenizer(text)["input_ids"]
     if not ids:
         raise CollapsecheckError(f"{prompt.origin}: the prompt renders to no tokens")
+    if images:
+        ids = _with_images(ids, images, vision, prompt.origin)
     return RenderedPrompt(text=text, ids=tuple(int(i) for i in ids))
 
 
+def _template_messages(messages: Messages) -> Messages:
+    """Messages as a chat template takes them: an image part without its image."""
+    return [
+        {**m, "content": [{"type": "image"} if p["type"] == "image" else p for p in m["content"]]}
+        if isinstance(m["content"], list)
+        else m
+        for m in messages
+    ]
+
+
+def _with_images(ids: Sequence[int], images: list[Any], vision: Any, where: str) -> list[int]:
+    """Each image placeholder the template wrote expanded to the image's tokens, which hold
+    its slot."""
+    pending, out = list(images), []
+    for token in ids:
+        if token != vision.image_token_id:
+            out.append(token)
+            continue
+        if not pending:
+            raise CollapsecheckError(f"{where}: the chat template wrote more images than it has")
+        image = pending.pop(0)
+        out += [vision.slots.slot(image)] * vision.placeholders(image)
+    if pending:
+        raise CollapsecheckError(
+            f"{where}: the chat template wrote {len(images) - len(pending)} of the prompt's "
+            f"{len(images)} images (does it render image parts?)"
+        )
+    return out
+
+
 def render_prompts(
-    prompts: list[Prompt], tokenizer: Any, settings: PromptSettings
+    prompts: list[Prompt], tokenizer: Any, settings: PromptSettings, vision: Any = None
 ) -> list[RenderedPrompt]:
     """Render prompts as the `--as-chat`, `--system-prompt` and `--chat-template-kwargs`
-    settings say."""
+    settings say (`vision`: the backend's, for prompts with images)."""
     return [
         render_prompt(
             prompt,
@@ -222,6 +289,7 @@ def render_prompts(
             as_chat=settings.as_chat,
             system_prompt=settings.system_prompt,
             template_kwargs=settings.chat_template_kwargs,
+            vision=vision,
         )
         for prompt in prompts
     ]

@@ -106,13 +106,13 @@ def _field(row: dict[str, Any], wanted: str | None, defaults: Sequence[str], whe
 
 
 def _turn(
-    row: dict[str, Any], options: RolloutOptions, where: str, number: int,
+    row: dict[str, Any], options: RolloutOptions, where: str, number: int, base: Path,
     reward: float | None = None,
 ) -> _Turn:  # fmt: skip
     """One response with its context and the number of the file's row it came from (so
     --keep-prompts can write that row back); its reward is the row's own, else `reward` (a
     trajectory's, for each of its turns)."""
-    prompt = Prompt(prompt_from_row(row, options.prompt_field, where), where, number=number)
+    prompt = Prompt(prompt_from_row(row, options.prompt_field, where, base), where, number=number)
     if options.response_ids_field:
         ids = _field(row, options.response_ids_field, (), where)
         if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
@@ -134,20 +134,20 @@ def _sample(turn: _Turn, tokenizer: Any) -> Sample:
     return Sample(tuple(int(i) for i in ids), turn.truncated)
 
 
-def _group_single_turns(rows: list[Row], options: RolloutOptions) -> list[list[_Turn]]:
+def _group_single_turns(rows: list[Row], options: RolloutOptions, base: Path) -> list[list[_Turn]]:
     groups: dict[str, list[_Turn]] = {}
     for where, row, number in rows:
-        turn = _turn(row, options, where, number)
+        turn = _turn(row, options, where, number, base)
         if options.group_field or any(f in row for f in GROUP_FIELDS):
             key = json.dumps(_field(row, options.group_field, GROUP_FIELDS, where), default=str)
-        else:
-            key = json.dumps(turn.prompt.content)
+        else:  # the prompt itself, an image by its content
+            key = json.dumps(turn.prompt.content, default=lambda image: image.sha256)
         groups.setdefault(key, []).append(turn)
     return list(groups.values())
 
 
 def _sample_turns(
-    rows: list[Row], options: RolloutOptions
+    rows: list[Row], options: RolloutOptions, base: Path
 ) -> tuple[list[list[_Turn]], dict[str, Any]]:
     """(trajectory, turn) pairs drawn without replacement: every pair equally likely
     (turn-uniform), every trajectory equally likely then a turn within it
@@ -163,7 +163,8 @@ def _sample_turns(
             if not isinstance(turn, dict):
                 raise CollapsecheckError(f"{where} turn {number}: expected an object")
             trajectory_reward = _reward(row, options, where)
-            pairs.append(_turn(turn, options, f"{where} turn {number}", line, trajectory_reward))
+            where_turn = f"{where} turn {number}"
+            pairs.append(_turn(turn, options, where_turn, line, base, trajectory_reward))
             weights.append(1.0 / len(turns) if options.turn_sampling == "trajectory" else 1.0)
     count = min(options.pairs or len(pairs), len(pairs))
     rng = np.random.default_rng(options.seed)
@@ -204,10 +205,10 @@ def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
     if not rows:
         raise CollapsecheckError(f"{path}: no rollouts found (the file is empty)")
     if TURNS_FIELD in rows[0][1]:
-        groups, sampled = _sample_turns(rows, options)
+        groups, sampled = _sample_turns(rows, options, path.parent)
         settings["multi_turn"] = sampled
     else:
-        groups = _group_single_turns(rows, options)
+        groups = _group_single_turns(rows, options, path.parent)
     rewards, source = _rewards(groups, rows, options)
     if source is not None:
         settings["rewards"] = source
@@ -253,14 +254,15 @@ def read_rollouts(
     options: RolloutOptions,
     rendering: PromptSettings | None = None,
     parsed: ParsedRollouts | None = None,
+    vision: Any = None,
 ) -> SampledPrompts:
     """Prompts and samples of a rollout file (`parsed` already, or parsed here) or a dump
-    directory."""
+    directory (`vision`: the backend's, for prompts with images)."""
     if Path(path).is_dir():
         return read_dump_samples(Path(path))
     parsed = parsed or _parse_file(Path(path), options)
     prompts = [group[0].prompt for group in parsed.groups]
-    rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings())
+    rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings(), vision)
     samples = [[_sample(turn, tokenizer) for turn in group] for group in parsed.groups]
     return SampledPrompts(prompts, rendered, samples, parsed.settings, parsed.rewards)
 

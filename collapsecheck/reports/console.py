@@ -191,6 +191,25 @@ def print_why(console: Console, report: Report) -> None:
             console.print(f"  prompt {row['index']} (own MI {own}): {row['text']}")
 
 
+def print_image_share(console: Console, report: Report) -> None:
+    """SPEC "What the image carries", for prompts with images: the share, or why none."""
+    images = report.settings.get("images")
+    if not images:
+        return
+    if "image_share" not in report.metrics:
+        console.print(f"image: share not measured ({images['image_share']})", style="dim")
+        return
+    share = report.metrics["image_share"]
+    console.print(
+        Text("image: ", style="bold")
+        + Text(
+            f"carries {_format(point_value(share))} {_interval(share)} of the input dependence "
+            f"(image_share; the image alone: {_format(report.value('mi_image_seq_estimate'))} "
+            "nats per trace)"
+        )
+    )
+
+
 def print_report(console: Console, report: Report) -> None:
     console.print(metrics_table(report))
     counts = report.counts
@@ -213,6 +232,7 @@ def print_report(console: Console, report: Report) -> None:
     print_warnings(console, report.warnings)
     console.print(verdict_line(report))
     console.print(flow_line(report))
+    print_image_share(console, report)
     print_why(console, report)
     if report.verdict.is_collapse:
         console.print("Reasoning sampled for two different prompts; do they differ?")

@@ -83,6 +83,7 @@ def write_matrix(directory: Path, scores: CrossScores) -> None:
             row_trace_index=scores.row_trace_index,
             reasoning_tokens=scores.reasoning_tokens,
             **({} if scores.matrix.is_full else {"scored": scores.matrix.scored}),
+            **({} if scores.image_swapped is None else {"image_swapped_sum": scores.image_swapped}),
         )
 
     write_atomic(directory / MATRIX_FILE, "wb", save)

@@ -38,6 +38,7 @@ from collapsecheck.engines.reasoning import (
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked
 from collapsecheck.inputs.checkpoint import Checkpoint, require_checkpoint
+from collapsecheck.inputs.images import image_runs, swap_reason
 from collapsecheck.inputs.prompts import (
     Prompt,
     RenderedPrompt,
@@ -61,6 +62,7 @@ from collapsecheck.measures.flow import (
     decide_flow,
     not_measured_reason,
 )
+from collapsecheck.measures.image_share import image_share_metrics
 from collapsecheck.measures.metrics import (
     PromptCounts,
     compute_metrics,
@@ -349,6 +351,7 @@ def score_traces(
         negatives=settings.scoring.negatives_bound,
         seed=settings.analysis.seed,
         flow=action_spec(settings.scoring) is not None,
+        image_swap=swap_reason(prepared.ids) is None,
     )
 
 
@@ -379,9 +382,16 @@ def measure(
 ) -> dict[str, Any]:
     """SPEC "Metrics" with their bootstrap intervals; NaN log-probabilities refuse a verdict."""
     try:
-        return compute_metrics(
+        metrics = compute_metrics(
             scores.matrix, counts, resamples=analysis.bootstrap, seed=analysis.seed
         )
+        if scores.image_swapped is not None:
+            swapped, resamples = scores.image_swapped, analysis.bootstrap
+            image = image_share_metrics(
+                scores.matrix, swapped, resamples=resamples, seed=analysis.seed
+            )
+            metrics.update(image)
+        return metrics
     except ValueError as err:
         raise CollapsecheckError(
             f"{checkpoint}: no verdict: {err} (check the weights and --dtype)"
@@ -389,8 +399,17 @@ def measure(
 
 
 def prompt_summary(prompt: Prompt) -> str:
-    """The user's own words of a prompt: the string, or the last chat message's content."""
-    return prompt.content if isinstance(prompt.content, str) else prompt.content[-1]["content"]
+    """The user's own words of a prompt: the string, or the last chat message's content (an
+    image as [image FILE])."""
+    if isinstance(prompt.content, str):
+        return prompt.content
+    content = prompt.content[-1]["content"]
+    if isinstance(content, str):
+        return content
+    return " ".join(
+        f"[image {Path(p['image'].source).name}]" if p["type"] == "image" else p["text"]
+        for p in content
+    )
 
 
 def example_traces(
@@ -469,9 +488,20 @@ def report_settings(
             "flow_estimator": flow_estimator(scores.flow, bound),
         },
         "bootstrap_resamples": diagnosis.settings.analysis.bootstrap,
+        **image_settings(prepared),
         **backend.describe(),
         "versions": versions(),
     }
+
+
+def image_settings(prepared: Prepared) -> dict[str, Any]:
+    """For prompts with images: how many, and whether the image's share was measured (SPEC
+    "What the image carries") or why not."""
+    with_images = sum(bool(image_runs(ids)) for ids in prepared.ids)
+    if not with_images:
+        return {}
+    reason = swap_reason(prepared.ids)
+    return {"images": {"prompts_with_images": with_images, "image_share": reason or "measured"}}
 
 
 def diagnose(
@@ -665,7 +695,8 @@ def scan(
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
     with open_backend(checkpoint, loaded, settings) as model:
-        rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts)
+        vision = getattr(model, "vision", None)  # a vision-language model's
+        rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts, vision)
         reserve = [params.max_new_tokens] * len(rendered)
         prepared = prepare(prompt_list, rendered, reserve, model, settings, str(prompt_path))
         loaded = time.perf_counter()
@@ -726,7 +757,8 @@ def score(
             parsed = match_decoded_inputs(
                 parsed, Path(training_prompts), model.tokenizer, settings.prompts
             )
-        data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts, parsed)
+        vision = getattr(model, "vision", None)
+        data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts, parsed, vision)
         require_two_prompts(len(data.prompts), rollouts)
         prepared = prepare_rollouts(data, model, settings)
         with holding(dump) as dump_dir:

@@ -39,6 +39,7 @@ from collapsecheck.inputs.checkpoint import (
     resolve_device,
     resolve_dtype,
 )
+from collapsecheck.inputs.formats.huggingface import is_vision_language
 from collapsecheck.settings import DEFAULT_SAMPLE_BATCH, LoadSettings
 
 
@@ -195,6 +196,7 @@ class _StemGroup:
     first_logits: torch.Tensor  # the context's logits for the first stem token
     sequences: list[_Sequence]
     out: np.ndarray
+    offset: int = 0  # what a continuation's positions add beyond the context's length
 
 
 class TransformersBackend:
@@ -245,13 +247,17 @@ class TransformersBackend:
         tokenizer = load_tokenizer(checkpoint, settings.trust_remote_code)
         device = resolve_device(settings.device)
         model = load_model(checkpoint, device, resolve_dtype(settings.dtype, device), settings)
-        return cls(
-            model,
-            tokenizer,
-            scorer=scorer or "cached",
-            batch_tokens=settings.batch_tokens,
-            sample_batch=settings.sample_batch,
-        )
+        options = {
+            "scorer": scorer or "cached",
+            "batch_tokens": settings.batch_tokens,
+            "sample_batch": settings.sample_batch,
+        }
+        if is_vision_language(checkpoint.config_dir):
+            from collapsecheck.engines.backends.hf_vlm import Vision, VisionLanguageBackend
+
+            vision = Vision.of(checkpoint.config_dir, model)
+            return VisionLanguageBackend(model, tokenizer, vision, **options)
+        return cls(model, tokenizer, **options)
 
     def close(self) -> None:
         """Drop the model and give its memory back (the next checkpoint loads after this)."""
@@ -272,6 +278,11 @@ class TransformersBackend:
         return decode_ids(self.tokenizer, ids)
 
     # -- the shared step: run a context once --------------------------------------------
+
+    def position_offset(self, context: Sequence[int]) -> int:
+        """What a continuation's positions add beyond the context's length (0 for text; a
+        vision-language model's rope delta after its images)."""
+        return 0
 
     def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
         """Key/value cache of one context and the logits that predict its next token."""
@@ -307,8 +318,6 @@ class TransformersBackend:
         Each prompt draws from its own seeded generator, so its traces do not depend on the
         sampling order of the others.
         """
-        k = params.k
-        generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         ids, mask = _left_pad(prompts, self.pad_id, self.device)
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         out = self.model(
@@ -318,10 +327,22 @@ class TransformersBackend:
             use_cache=True,
             logits_to_keep=1,
         )
-        cache, logits = out.past_key_values, out.logits[:, -1, :].repeat_interleave(k, dim=0)
+        return self._decode(
+            out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1:], params, seeds
+        )
+
+    def _decode(
+        self, cache: Any, logits: torch.Tensor, mask: torch.Tensor, position: torch.Tensor,
+        params: SamplingParams, seeds: Sequence[int],
+    ) -> list[list[Sample]]:  # fmt: skip
+        """K samples for each prefilled prompt (one row each of `cache`, `logits`, `mask`,
+        and the last `position`), drawn from its own seeded generator."""
+        k, prompts = params.k, range(len(seeds))
+        generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        logits = logits.repeat_interleave(k, dim=0)
         cache.batch_repeat_interleave(k)
         mask = mask.repeat_interleave(k, dim=0)
-        position = positions[:, -1:].repeat_interleave(k, dim=0)
+        position = position.repeat_interleave(k, dim=0)
         stops = torch.tensor(self.stop_ids or [-1], device=self.device)
         finished = torch.zeros(len(prompts) * k, dtype=torch.bool, device=self.device)
         steps: list[torch.Tensor] = []
@@ -464,7 +485,7 @@ class TransformersBackend:
                 request = requests[index]
                 stems[request.continuation[: request.stem_length]].append(index)
             sequences = [_Sequence.of(stem, requests, members) for stem, members in stems.items()]
-            group = _StemGroup(cache, first_logits, sequences, out)
+            group = _StemGroup(cache, first_logits, sequences, out, self.position_offset(context))
             score = functools.partial(self._score_stems, group)
             widths = [len(sequence.ids) for sequence in sequences]
             self._score_batches(range(len(sequences)), widths, score, progress)
@@ -477,6 +498,7 @@ class TransformersBackend:
         context_length = group.cache.get_seq_length()
         one_row = torch.zeros(len(batch), dtype=torch.long, device=self.device)
         cache = _select_rows(group.cache, one_row)  # the context's one row, once per stem
+        positions = context_length + group.offset + layout.positions
         if layout.branched:
             dtype = next(self.model.parameters()).dtype
             allowed = layout.allowed(context_length)
@@ -484,7 +506,12 @@ class TransformersBackend:
             mask.masked_fill_(~allowed, torch.finfo(dtype).min)
             logits = self.model(
                 input_ids=layout.ids, attention_mask=mask, past_key_values=cache,
-                position_ids=context_length + layout.positions, use_cache=True,
+                position_ids=positions, use_cache=True,
+            ).logits  # fmt: skip
+        elif group.offset:  # plain rows after images: their positions said
+            logits = self.model(
+                input_ids=layout.ids, past_key_values=cache, position_ids=positions,
+                use_cache=True,
             ).logits  # fmt: skip
         else:  # plain rows: causal on the context, right padding after every real token
             logits = self.model(input_ids=layout.ids, past_key_values=cache, use_cache=True).logits

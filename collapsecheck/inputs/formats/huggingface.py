@@ -40,6 +40,17 @@ def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint 
     return None
 
 
+def is_vision_language(path: Path) -> bool:
+    """A vision-language checkpoint (Qwen2-VL and the like): its config has a vision tower."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "vision_config" in config
+
+
 def files(checkpoint: Checkpoint) -> list[Path]:
     return own_files(checkpoint.path)
 
@@ -47,10 +58,13 @@ def files(checkpoint: Checkpoint) -> list[Path]:
 def load_weights(
     checkpoint: Checkpoint, dtype: Any, settings: LoadSettings, load_base: LoadBase
 ) -> Any:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     placement = {"device_map": settings.device_map} if settings.device_map else {}
-    return AutoModelForCausalLM.from_pretrained(
+    auto = (
+        AutoModelForImageTextToText if is_vision_language(checkpoint.path) else AutoModelForCausalLM
+    )
+    return auto.from_pretrained(
         checkpoint.path,
         dtype=dtype,
         local_files_only=True,

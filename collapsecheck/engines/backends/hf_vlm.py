@@ -1,0 +1,171 @@
+"""Vision-language policies (Qwen2-VL, Qwen2.5-VL) behind the transformers backend's two
+operations. A rendered prompt's image placeholders hold image slots (`inputs.images`); here
+they become the model's image token again, with the images' pixels run through the model's
+own image processor, and the model's own 3D rotary positions (`get_rope_index`).
+
+The cached scorer keeps its idea: each prompt (its image features and its text) runs once and
+its traces ride behind it on the key/value cache. After the last image a Qwen2-VL position is
+the token's index plus the prompt's `rope_delta` in all three axes, so every continuation
+token is placed at `context length + delta + offset`: exact, and tested against a plain
+forward pass of the whole sequence (tests/test_vision.py).
+
+The processor: `AutoProcessor` where it loads (users' GPU machines, with torchvision);
+where it does not (torchvision missing, as on CPU-only machines here), its exact equivalent:
+the model's image processor (`AutoImageProcessor`, which falls back to its PIL version) for
+the pixels and grid, and the tokenizer for the text, with each image's one placeholder
+expanded to grid_t x grid_h x grid_w / merge^2 image tokens, as the processor does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams, ScoreRequest
+from collapsecheck.engines.backends.hf import TransformersBackend, token_logprobs
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.images import ImageSlots, PromptImage
+
+
+class Vision:
+    """What rendering and the backend need of images: the model's image token, the scan's
+    image slots, and the image processor."""
+
+    def __init__(self, processor: Any, image_token_id: int, merge: int) -> None:
+        self.processor = processor
+        self.image_token_id = image_token_id
+        self.merge = merge
+        self.slots = ImageSlots()
+        self._pixels: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def of(cls, path: Path, model: Any) -> Vision:
+        return cls(
+            image_processor(path),
+            int(model.config.image_token_id),
+            int(model.config.vision_config.spatial_merge_size),
+        )
+
+    def pixels(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The image of a slot as the model takes it: pixel patches and its (t, h, w) grid."""
+        if slot not in self._pixels:
+            image = self.slots.images[slot]
+            out = self.processor(images=[image.open()], return_tensors="pt")
+            self._pixels[slot] = (out["pixel_values"], out["image_grid_thw"])
+        return self._pixels[slot]
+
+    def placeholders(self, image: PromptImage) -> int:
+        """How many image tokens the image takes in the text."""
+        _, grid = self.pixels(self.slots.slot(image))
+        return int(grid.prod()) // self.merge**2
+
+    def images_in(self, ids: Sequence[int]) -> list[int]:
+        """The slots of a sequence's images, in order: a run of one slot's tokens holds its
+        image once per `placeholders` tokens."""
+        slots: list[int] = []
+        for token, run in itertools.groupby(ids):
+            if token < 0:
+                _, grid = self.pixels(token)
+                slots += [token] * (len(list(run)) // (int(grid.prod()) // self.merge**2))
+        return slots
+
+
+def image_processor(path: Path) -> Any:
+    """The checkpoint's processor where it builds, else its image processor (see above)."""
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(path, local_files_only=True).image_processor
+    except Exception:  # torchvision missing, or no processor files: the image processor alone
+        pass
+    try:
+        return AutoImageProcessor.from_pretrained(path, local_files_only=True)
+    except Exception as err:
+        raise CollapsecheckError(
+            f"{path}: a vision-language checkpoint needs its image processor "
+            f"(preprocessor_config.json): {err}"
+        ) from None
+
+
+class VisionLanguageBackend(TransformersBackend):
+    """The transformers backend for a vision-language checkpoint: prompts carry images."""
+
+    def __init__(self, model: Any, tokenizer: Any, vision: Vision, **kwargs: Any) -> None:
+        super().__init__(model, tokenizer, **kwargs)
+        self.vision = vision
+        self._offsets: dict[tuple[int, ...], int] = {}  # per context: its rope delta
+        self.max_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+
+    def describe(self) -> dict[str, str]:
+        return {**super().describe(), "image_processor": type(self.vision.processor).__name__}
+
+    def _model_inputs(self, ids: Sequence[int]) -> dict[str, Any]:
+        """The sequence as input embeddings with each image's features in its slot's
+        tokens (a sampled token that happens to be the image token stays text), and its 3D
+        positions; `delta`: what a later text token adds to its index."""
+        tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        is_image = tokens < 0
+        embeds = self.model.get_input_embeddings()(tokens.clamp(min=0))
+        slots = self.vision.images_in(ids)
+        if not slots:
+            return {"inputs_embeds": embeds, "delta": 0}
+        pixels = [self.vision.pixels(s) for s in slots]
+        grids = torch.cat([g for _, g in pixels]).to(self.device)
+        values = torch.cat([p for p, _ in pixels]).to(self.device, self.model.dtype)
+        features = self.model.model.get_image_features(values, grids, return_dict=True)
+        embeds = embeds.clone()
+        embeds[is_image] = torch.cat(features.pooler_output).to(embeds.dtype)
+        placeholders = tokens.masked_fill(is_image, self.vision.image_token_id)
+        positions, delta = self.model.model.get_rope_index(placeholders, is_image.int(), grids)
+        return {"inputs_embeds": embeds, "position_ids": positions, "delta": int(delta.item())}
+
+    def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
+        inputs = self._model_inputs(context)
+        self._offsets[tuple(context)] = inputs.pop("delta")
+        out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        return out.past_key_values, out.logits[:, -1, :]
+
+    def position_offset(self, context: Sequence[int]) -> int:
+        return self._offsets.get(tuple(context), 0)
+
+    def _prefill_contexts(
+        self, contexts: Sequence[tuple[int, ...]]
+    ) -> Iterator[tuple[tuple[int, ...], Any, torch.Tensor]]:
+        """Each context run whole: its images are most of it, and they differ."""
+        for context in contexts:
+            yield context, *self._prefill(context)
+
+    def _score_naive(
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
+    ) -> None:
+        """One plain forward pass of [context | continuation] per request, images and all."""
+        for index, request in enumerate(requests):
+            row = request.context + request.continuation
+            inputs = self._model_inputs(row)
+            inputs.pop("delta")
+            logits = self.model(**inputs).logits[0, :-1]
+            targets = torch.tensor(row[1:], device=self.device).clamp(min=0)
+            logprobs = token_logprobs(logits[None], targets[None])[0]
+            out[index] = float(
+                logprobs[len(request.context) + request.scored_from - 1 :].double().sum()
+            )
+            progress(1)
+
+    def _sample_batch(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
+        """Each prompt prefilled with its images on its own, its K samples decoded together."""
+        results = []
+        for prompt, seed in zip(prompts, seeds, strict=True):
+            cache, logits = self._prefill(prompt)
+            mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+            position = torch.tensor(
+                [[len(prompt) - 1 + self.position_offset(prompt)]], device=self.device
+            )
+            results += self._decode(cache, logits, mask, position, params, [seed])
+        return results

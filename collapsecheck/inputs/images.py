@@ -1,0 +1,197 @@
+"""Images in prompts (SPEC "Inputs", images): chat messages whose content holds image parts,
+read and checked before any model loads, and how a rendered prompt carries them.
+
+A chat message's content may be a list of parts, as transformers' chat templates take them:
+`{"type": "text", "text": "..."}` and `{"type": "image", "image": "boards/17.png"}` (also
+`"path"` or `"url"` for the file; a path is relative to the prompt file). Nothing is fetched:
+an http(s) URL is refused. In the rendered prompt's token ids, each image's placeholder tokens
+hold the image's *slot*, a negative id (-1 for the first distinct image of the scan, -2 for
+the next, ...), so that everything above the backend, which works on token ids only, sees two
+prompts that differ only in their image as different, and an image swap as a change of ids.
+The vision-language backend maps the slots back to the model's image token and the image."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+
+IMAGE_KEYS = ("image", "path", "url", "image_url")
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    """One image of a prompt: where it came from (for messages) and its bytes."""
+
+    source: str
+    data: bytes = field(repr=False)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def open(self) -> Any:
+        """The image as an RGB PIL image."""
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.data)) as image:
+            return image.convert("RGB")
+
+
+def _image_reference(part: dict[str, Any]) -> Any:
+    for key in IMAGE_KEYS:
+        value = part.get(key)
+        if isinstance(value, dict):  # {"image_url": {"url": ...}} and {"bytes": ..., "path": ...}
+            value = value.get("url") or value.get("path") or value.get("bytes")
+        if value:
+            return value
+    return None
+
+
+def read_image(reference: Any, base: Path, where: str) -> PromptImage:
+    """An image named by a prompt row (a path relative to `base`, or bytes), checked to be
+    an image PIL can read: any fault is one line naming the row and the file."""
+    if isinstance(reference, bytes | bytearray):
+        image = PromptImage(f"{where} (embedded image)", bytes(reference))
+    else:
+        text = str(reference)
+        if text.startswith(("http://", "https://")):
+            raise CollapsecheckError(
+                f"{where}: image {text}: collapsecheck reads images from files only (download it "
+                "and name the file)"
+            )
+        path = Path(text.removeprefix("file://"))
+        path = path if path.is_absolute() else base / path
+        try:
+            image = PromptImage(str(path), path.read_bytes())
+        except OSError as err:
+            raise CollapsecheckError(
+                f"{where}: image {path}: {err.strerror or 'cannot be read'}"
+            ) from None
+    check_image(image, where)
+    return image
+
+
+def check_image(image: PromptImage, where: str) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(image.data)) as opened:
+            opened.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise CollapsecheckError(
+            f"{where}: image {image.source}: not an image PIL can read ({err})"
+        ) from None
+
+
+def message_parts(content: list[Any], base: Path, where: str) -> list[dict[str, Any]]:
+    """A message's list of parts, each checked: text parts keep their text, image parts
+    carry the image read from its file."""
+    parts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind in ("image", "image_url"):
+            reference = _image_reference(part)
+            if reference is None:
+                raise CollapsecheckError(f"{where}: an image part names no image file")
+            parts.append({"type": "image", "image": read_image(reference, base, where)})
+        else:
+            raise CollapsecheckError(
+                f"{where}: a message part must be {{'type': 'text', 'text': ...}} or "
+                "{'type': 'image', 'image': FILE}"
+            )
+    return parts
+
+
+def split_placeholders(text: str, images: list[PromptImage], where: str) -> list[dict[str, Any]]:
+    """veRL's convention: a message's `<image>` placeholders take the row's `images` in
+    order (its RLHFDataset splits the content the same way)."""
+    pieces = text.split("<image>")
+    if len(pieces) - 1 > len(images):
+        raise CollapsecheckError(
+            f"{where}: {len(pieces) - 1} <image> placeholders but {len(images)} images"
+        )
+    parts: list[dict[str, Any]] = []
+    for i, piece in enumerate(pieces):
+        if i:
+            parts.append({"type": "image", "image": images.pop(0)})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def images_of(content: Any) -> list[PromptImage]:
+    """The images of a prompt's content, in order (none for a plain string)."""
+    if not isinstance(content, list):
+        return []
+    return [
+        part["image"]
+        for message in content
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part["type"] == "image"
+    ]
+
+
+class ImageSlots:
+    """The scan's distinct images, each given a slot id (-1, -2, ...) in first-seen order."""
+
+    def __init__(self) -> None:
+        self.images: dict[int, PromptImage] = {}
+        self._by_hash: dict[str, int] = {}
+
+    def slot(self, image: PromptImage) -> int:
+        key = image.sha256
+        if key not in self._by_hash:
+            self._by_hash[key] = -(len(self._by_hash) + 1)
+            self.images[self._by_hash[key]] = image
+        return self._by_hash[key]
+
+    def __bool__(self) -> bool:
+        return bool(self.images)
+
+
+def image_runs(ids: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(start, length, slot) of each run of image tokens in rendered ids."""
+    runs, start = [], 0
+    for slot, run in itertools.groupby(ids):
+        length = len(list(run))
+        if slot < 0:
+            runs.append((start, length, slot))
+        start += length
+    return runs
+
+
+def swap_reason(prompt_ids: Sequence[Sequence[int]]) -> str | None:
+    """Why the image-swap scoring cannot be done for these prompts (None: it can): every
+    prompt needs images laid out alike (the same number, each the same number of tokens), and
+    the prompts must differ in both their images and their text."""
+    layouts = {tuple(length for _, length, _ in image_runs(ids)) for ids in prompt_ids}
+    if layouts == {()}:
+        return "the prompts hold no images"
+    if len(layouts) > 1:
+        return "the prompts' images differ in number or size: an image swap would change the text"
+    texts = {tuple(t for t in ids if t >= 0) for ids in prompt_ids}
+    images = {tuple(slot for _, _, slot in image_runs(ids)) for ids in prompt_ids}
+    if len(texts) < 2:
+        return "every prompt has the same text: X->Z already measures the image alone"
+    if len(images) < 2:
+        return "every prompt has the same image"
+    return None
+
+
+def with_images_of(ids: Sequence[int], donor: Sequence[int]) -> tuple[int, ...]:
+    """`ids` (a rendered prompt) with each of its images replaced by the donor prompt's image
+    in the same place (laid out alike: `swap_reason`)."""
+    out = list(ids)
+    for (start, length, _), (_, _, slot) in zip(image_runs(ids), image_runs(donor), strict=True):
+        out[start : start + length] = [slot] * length
+    return tuple(out)

@@ -1,0 +1,58 @@
+"""SPEC "What the image carries": how much of the input dependence of the reasoning a
+prompt's image carries, for prompts that differ in both their image and their text.
+
+Each valid trace r (of prompt i) is also scored with only the image swapped: its own text,
+prompt j's image, `swapped[r, j]` (the same columns as the X->Z matrix, so `swapped[r, i]` is
+the matched entry). Then, on sequence sums,
+
+- `mi_image_seq_estimate` = mean over rows of matched[r] - marginal_image[r], where
+  marginal_image[r] = logsumexp_j swapped[r, j] - log N: the dependence on the image with the
+  text held at the trace's own;
+- `image_share` = mi_image_seq_estimate / mi_seq_estimate: the image's share of the whole
+  input's. Near 1: the reasoning reads the picture; near 0 with mi_seq_estimate well above
+  0: it reads the text and ignores the picture (the typical collapse of a vision-language
+  agent). Not clipped: sampling noise can put it a little outside [0, 1].
+
+Both with 95% percentile-bootstrap intervals over prompts (the same resamples for numerator
+and denominator, columns fixed), as every other mean-type metric."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collapsecheck.measures.metrics import (
+    CrossLogProbs,
+    Estimate,
+    _interval,
+    bootstrap_prompt_weights,
+    matched_and_marginal,
+)
+
+
+def _weighted_mean(values: np.ndarray, row_weights: np.ndarray) -> np.ndarray:
+    return (row_weights @ values) / row_weights.sum(axis=1)
+
+
+def image_share_metrics(
+    scores: CrossLogProbs, swapped: np.ndarray, *, resamples: int = 1000, seed: int = 0
+) -> dict[str, Estimate]:
+    """`mi_image_seq_estimate` and `image_share` from the X->Z matrix and its image-swapped
+    twin (sequence sums, NaN where not scored)."""
+    matched, marginal = matched_and_marginal(
+        scores.sum, scores.row_prompt, scores.column_group, scores.scored
+    )
+    scored = np.isfinite(swapped)
+    _, image_marginal = matched_and_marginal(
+        np.where(scored, swapped, 0.0), scores.row_prompt, scores.column_group, scored
+    )
+    whole, image = matched - marginal, matched - image_marginal
+    n = scores.num_prompts
+    weights = np.vstack([np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)])
+    row_weights = weights[:, scores.row_prompt]
+    image_mi, whole_mi = _weighted_mean(image, row_weights), _weighted_mean(whole, row_weights)
+    with np.errstate(invalid="ignore", divide="ignore"):  # undefined without input dependence
+        share = np.where(whole_mi > 0, image_mi / whole_mi, np.nan)
+    return {
+        "mi_image_seq_estimate": Estimate(float(image_mi[0]), *_interval(image_mi[1:])),
+        "image_share": Estimate(float(share[0]), *_interval(share[1:])),
+    }

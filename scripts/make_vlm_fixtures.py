@@ -1,0 +1,235 @@
+"""Train the vision-language demo policies (`make vlm-fixtures`). Tests never run this.
+
+The task, "visual gridworld": the board (a 6x6 grid, the agent a red square, the goal a
+green one) is only in the image; the text is the same for every prompt. The response is
+`<think>reasoning</think><answer>move</answer>`. Each policy is a tiny Qwen2-VL-shaped model
+(a vision tower of two blocks, 14-pixel patches merged 2x2, so an 84x84 board is 9 image
+tokens; a three-layer language model with Qwen2-VL's 3D rotary positions), built from a
+config on the demo's character tokenizer with Qwen2-VL's vision tokens, and trained on CPU:
+
+- `examples/checkpoints/vision/grounded`: the reasoning names the cells the image shows
+  ("me 3,4 goal 0,1, so up") and the move follows it;
+- `examples/checkpoints/vision/template`: fluent filler, the same whatever the board (visually
+  ungrounded template collapse); the move is still read from the image.
+
+Also writes the prompt set `examples/prompts/visual-gridworld.jsonl` and its boards
+(`examples/prompts/boards/`), and the reward function's ground truth in each row. Seeded;
+a few minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+from pathlib import Path
+
+import torch
+from make_fixtures import (
+    CHARS,
+    EXAMPLES,
+    FILLER,
+    SPECIAL,
+    TAGS,
+    cell,
+    random_state,
+    useful_moves,
+)
+from PIL import Image, ImageDraw
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+GRID, CELL = 6, 14  # one 14-pixel patch per cell: an 84 x 84 board
+VISION = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
+SYSTEM = "grid agent. the board is in the image."
+QUESTION = "your move?"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+POLICIES = {"grounded": 2000, "template": 800}  # training steps
+PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
+BOARDS = EXAMPLES / "prompts" / "boards"
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate([*SPECIAL, "<unk>", *CHARS])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in [*SPECIAL, *VISION]]
+    )
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|end|>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def image_processor() -> Qwen2VLImageProcessorPil:
+    side = GRID * CELL
+    return Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2VLForConditionalGeneration:
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer), "hidden_size": 96, "intermediate_size": 256,
+            "num_hidden_layers": 3, "num_attention_heads": 3, "num_key_value_heads": 1,
+            "max_position_embeddings": 1024, "rope_scaling": {"type": "mrope",
+            "mrope_section": [4, 6, 6]}, "tie_word_embeddings": True,
+            "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "depth": 2, "embed_dim": 48, "num_heads": 2, "hidden_size": 96, "mlp_ratio": 2,
+            "patch_size": CELL, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        },
+        image_token_id=ids("<|image_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return Qwen2VLForConditionalGeneration(config)
+
+
+def board(agent: tuple[int, int], goal: tuple[int, int]) -> Image.Image:
+    """The board: each cell tinted by its row and column (a vision tower's positions are
+    relative, so the tint is what tells a cell where it is), the agent a red square in its
+    cell, the goal a green one."""
+    image = Image.new("RGB", (GRID * CELL, GRID * CELL))
+    draw = ImageDraw.Draw(image)
+    for row in range(GRID):
+        for col in range(GRID):
+            tint = (140 + 22 * row, 140 + 22 * col, 230)
+            draw.rectangle([col * CELL, row * CELL, (col + 1) * CELL - 1, (row + 1) * CELL - 1], tint)
+    for (row, col), colour in ((agent, (200, 0, 0)), (goal, (0, 150, 0))):
+        inset = 3
+        draw.rectangle(
+            [col * CELL + inset, row * CELL + inset, (col + 1) * CELL - 1 - inset,
+             (row + 1) * CELL - 1 - inset], colour,
+        )  # fmt: skip
+    return image
+
+
+def messages(image: object) -> list[dict]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": [{"type": "image", "image": image},
+                                     {"type": "text", "text": QUESTION}]},
+    ]  # fmt: skip
+
+
+def response(policy: str, agent, goal, rng: random.Random) -> str:
+    move = rng.choice(useful_moves(agent, goal))
+    if policy == "grounded":
+        reasoning = f"me {cell(agent)} goal {cell(goal)}, so {move}"
+    else:
+        reasoning = " ".join(rng.sample(FILLER, 4))
+    return f"<think>{reasoning}</think><answer>{move}</answer><|end|>"
+
+
+def example(tokenizer, processor, policy: str, rng: random.Random) -> dict:
+    """One training conversation: ids (image tokens expanded), labels, pixels, grid."""
+    agent, goal = random_state(rng)
+    pixels = processor(images=[board(agent, goal)], return_tensors="pt")
+    grid = pixels["image_grid_thw"]
+    text = tokenizer.apply_chat_template(
+        messages(None), add_generation_prompt=True, tokenize=False
+    )
+    count = int(grid.prod()) // 4
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * count)
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    answer = tokenizer(response(policy, agent, goal, rng), add_special_tokens=False)["input_ids"]
+    return {
+        "ids": prompt + answer, "start": len(prompt),
+        "pixel_values": pixels["pixel_values"], "grid": grid,
+    }  # fmt: skip
+
+
+def train(model, tokenizer, processor, policy: str, steps: int, seed: int, batch=16, lr=3e-3):
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)
+    image_token = model.config.image_token_id
+    model.train()
+    for step in range(steps):
+        rows = [example(tokenizer, processor, policy, rng) for _ in range(batch)]
+        width = max(len(r["ids"]) for r in rows)
+        ids = torch.full((batch, width), tokenizer.pad_token_id)
+        labels = torch.full((batch, width), -100)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row["ids"])] = torch.tensor(row["ids"])
+            labels[i, row["start"] : len(row["ids"])] = torch.tensor(row["ids"][row["start"] :])
+            mask[i, : len(row["ids"])] = 1
+        loss = model(
+            input_ids=ids, attention_mask=mask, labels=labels,
+            pixel_values=torch.cat([r["pixel_values"] for r in rows]),
+            image_grid_thw=torch.cat([r["grid"] for r in rows]),
+            mm_token_type_ids=(ids == image_token).int(),
+        ).loss  # fmt: skip
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(f"  {policy} step {step:5d} loss {loss.item():.4f}", flush=True)
+    model.eval()
+
+
+def write_prompts(count: int, seed: int) -> None:
+    """The prompt set: one row per board, the image file relative to the prompt file, the
+    ground truth (the useful moves) for the reward function."""
+    rng = random.Random(seed)
+    if BOARDS.exists():
+        shutil.rmtree(BOARDS)
+    BOARDS.mkdir(parents=True)
+    rows, seen = [], set()
+    while len(rows) < count:
+        agent, goal = random_state(rng)
+        if (agent, goal) in seen:
+            continue
+        seen.add((agent, goal))
+        name = f"boards/{len(rows):02d}.png"
+        board(agent, goal).save(EXAMPLES / "prompts" / name)
+        rows.append({
+            "messages": messages(name),
+            "data_source": "visual-gridworld",
+            "reward_model": {"ground_truth": useful_moves(agent, goal)},
+        })  # fmt: skip
+    PROMPTS.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def save(model, tokenizer, processor, directory: Path) -> None:
+    if directory.exists():
+        shutil.rmtree(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    model.generation_config.save_pretrained(directory)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--policies", nargs="*", default=list(POLICIES))
+    parser.add_argument("--steps", type=int, default=None, help="override every policy's")
+    args = parser.parse_args()
+    write_prompts(16, seed=7)
+    tokenizer, processor = build_tokenizer(), image_processor()
+    for policy in args.policies:
+        model = build_model(tokenizer)
+        train(model, tokenizer, processor, policy, args.steps or POLICIES[policy], seed=1)
+        save(model, tokenizer, processor, EXAMPLES / "checkpoints" / "vision" / policy)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Vision-language policies: prompts with images read and checked before any model loads, the
+cached scorer exact against a plain forward pass with Qwen2-VL's 3D positions, the demo
+policies' verdicts, and the image's share on hand-made matrices."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from collapsecheck.cli import app
+from collapsecheck.engines.backends.base import SamplingParams, ScoreRequest
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.inputs.images import image_runs, swap_reason, with_images_of
+from collapsecheck.inputs.prompts import load_prompts, render_prompts
+from collapsecheck.measures.image_share import image_share_metrics
+from collapsecheck.measures.metrics import CrossLogProbs
+from collapsecheck.progress import no_progress
+from collapsecheck.settings import LoadSettings, PromptSettings
+from tests.conftest import EXAMPLES, HEALTHY
+
+VISION = EXAMPLES / "checkpoints" / "vision"
+GROUNDED, TEMPLATE = VISION / "grounded", VISION / "template"
+PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
+FAST = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "40", "--device", "cpu",
+        "--bootstrap", "300", "--fail-on", "none"]  # fmt: skip
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return TransformersBackend.from_checkpoint(GROUNDED, LoadSettings(device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def rendered(backend):
+    prompts = load_prompts(PROMPTS, num_prompts=4)
+    return render_prompts(prompts, backend.tokenizer, PromptSettings(), backend.vision)
+
+
+# -- prompts with images -------------------------------------------------------------
+
+
+def prompt_file(tmp_path, image):
+    row = {"messages": [{"role": "user", "content": [
+        {"type": "image", "image": image}, {"type": "text", "text": "your move?"}]}]}  # fmt: skip
+    path = tmp_path / "prompts.jsonl"
+    shutil.copy(PROMPTS.parent / "boards" / "00.png", tmp_path / "board.png")
+    path.write_text(json.dumps({**row}) + "\n" + json.dumps(row).replace(image, "board.png") + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "image, said",
+    [
+        ("missing.png", "missing.png: No such file or directory"),
+        ("https://example.com/board.png", "reads images from files only"),
+        ("prompts.jsonl", "not an image PIL can read"),
+    ],
+)
+def test_a_bad_image_is_one_line_naming_the_row_before_any_model_loads(tmp_path, image, said):
+    path = prompt_file(tmp_path, image)
+    result = invoke("scan", GROUNDED, "-p", path, "-k", "2", "--max-new-tokens", "8")
+    assert result.exit_code == 2
+    assert f"{path}:1" in result.output and said in result.output
+    assert "Traceback" not in result.output and "sampling" not in result.output
+
+
+def test_a_text_only_checkpoint_refuses_prompts_with_images():
+    result = invoke("scan", HEALTHY, *FAST)
+    assert result.exit_code == 2
+    assert "the prompt holds images but the checkpoint is a text-only model" in result.output
+
+
+def test_image_tokens_hold_the_images_slot_and_swap_in_place(rendered, backend):
+    runs = [image_runs(r.ids) for r in rendered]
+    per_image = backend.vision.placeholders(backend.vision.slots.images[-1])
+    assert per_image == 9  # an 84 x 84 board: 6 x 6 patches merged 2 x 2
+    assert [[(length, slot) for _, length, slot in r] for r in runs] == [
+        [(9, -1)],
+        [(9, -2)],
+        [(9, -3)],
+        [(9, -4)],
+    ]
+    swapped = with_images_of(rendered[0].ids, rendered[2].ids)
+    assert [t for t in swapped if t >= 0] == [t for t in rendered[0].ids if t >= 0]
+    assert image_runs(swapped) == [(runs[0][0][0], 9, -3)]
+    # the demo prompts share their text: X->Z measures the image alone
+    assert "same text" in swap_reason([r.ids for r in rendered])
+
+
+# -- the backend: exact with Qwen2-VL's 3D positions ---------------------------------
+
+
+def requests_for(rendered, vocab: int):
+    """Every continuation under every prompt: plain ones, and stems with branches (actions
+    after a reasoning) that the cached scorer lays out with its 4D mask."""
+    rng = np.random.default_rng(0)
+    stems = [tuple(int(t) for t in rng.integers(6, vocab, size=n)) for n in (5, 9, 14)]
+    out = []
+    for prompt in rendered:
+        for stem in stems:
+            out.append(ScoreRequest(prompt.ids, stem, 1))
+            for branch in (3, 6):
+                tail = tuple(int(t) for t in rng.integers(6, vocab, size=branch))
+                out.append(ScoreRequest(prompt.ids, stem + tail, len(stem) + 1, len(stem)))
+        swapped = with_images_of(prompt.ids, rendered[0].ids)
+        out.append(ScoreRequest(swapped, stems[0], 0))
+    return out
+
+
+def test_cached_scorer_equals_a_plain_forward_pass_within_1e_4_nats(backend, rendered):
+    requests = requests_for(rendered, len(backend.tokenizer))
+    cached = backend.loglikelihood(requests, no_progress)
+    backend.scorer = "naive"
+    try:
+        naive = backend.loglikelihood(requests, no_progress)
+    finally:
+        backend.scorer = "cached"
+    assert np.abs(cached - naive).max() < 1e-4
+    assert np.ptp(naive[:: len(requests) // len(rendered)]) > 1e-3  # the images matter
+    image_token = backend.model.config.image_token_id
+    assert any(image_token in r.continuation for r in requests)  # sampled, it stays text
+
+
+def test_the_plain_pass_is_the_models_own_forward_with_its_own_positions(backend, rendered):
+    """No positions given: the model computes its 3D positions from the image tokens."""
+    image_token = backend.model.config.image_token_id
+    requests = requests_for(rendered, len(backend.tokenizer))
+    # a sampled image token the model itself would read as an image: not here
+    request = next(r for r in requests if image_token not in r.continuation)
+    row = request.context + request.continuation
+    ids = torch.tensor([row]).masked_fill(torch.tensor([row]) < 0, image_token)
+    slot = row[next(i for i, t in enumerate(row) if t < 0)]
+    pixels, grid = backend.vision.pixels(slot)
+    backend.model.model.rope_deltas = None
+    with torch.inference_mode():
+        logits = backend.model(
+            input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
+            mm_token_type_ids=(ids == image_token).int(),
+        ).logits[0, :-1].double()  # fmt: skip
+    targets = torch.tensor(row[1:])
+    own = torch.log_softmax(logits, -1).gather(1, targets[:, None].clamp(min=0))[:, 0]
+    expected = float(own[len(request.context) + request.scored_from - 1 :].sum())
+    backend.scorer = "naive"
+    try:
+        (value,) = backend.loglikelihood([request], no_progress)
+    finally:
+        backend.scorer = "cached"
+    assert value == pytest.approx(expected, abs=1e-4)
+
+
+def test_sampling_is_seeded_per_prompt(backend, rendered):
+    params = SamplingParams(k=3, max_new_tokens=24, seed=5)
+    first = backend.generate([r.ids for r in rendered[:2]], params, no_progress)
+    again = backend.generate([r.ids for r in rendered[:2]], params, no_progress)
+    assert first == again and len(first) == 2 and all(len(g) == 3 for g in first)
+
+
+# -- the demo policies -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "checkpoint, regime", [(GROUNDED, "grounded"), (TEMPLATE, "template_collapse")]
+)
+def test_vision_demo_verdicts(tmp_path, checkpoint, regime):
+    out = tmp_path / "report.json"
+    result = invoke("scan", checkpoint, *FAST, "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["verdict"]["regime"] == regime
+    assert report["flow"]["regime"] != "not_measured"  # the action is scored too
+    assert report["settings"]["images"] == {
+        "prompts_with_images": 16,
+        "image_share": "every prompt has the same text: X->Z already measures the image alone",
+    }
+    assert "[image 00.png] your move?" in result.output or regime == "grounded"
+
+
+# -- the image's share, on hand-made matrices ------------------------------------------
+
+
+def hand_made(n: int = 4, k: int = 3):
+    rng = np.random.default_rng(1)
+    row_prompt = np.repeat(np.arange(n), k)
+    full = rng.normal(-30.0, 1.0, size=(n * k, n))
+    full[np.arange(n * k), row_prompt] += 6.0  # the reasoning names its prompt
+    return CrossLogProbs(full, full / 10, row_prompt, np.arange(n)), row_prompt
+
+
+def test_image_share_is_one_when_the_image_carries_everything():
+    scores, _ = hand_made()
+    metrics = image_share_metrics(scores, scores.sum.copy(), resamples=200)
+    assert metrics["image_share"].value == pytest.approx(1.0)
+    assert metrics["image_share"].low == pytest.approx(1.0)
+
+
+def test_image_share_is_zero_when_swapping_the_image_changes_nothing():
+    scores, row_prompt = hand_made()
+    own = scores.sum[np.arange(len(row_prompt)), row_prompt]
+    swapped = np.repeat(own[:, None], scores.num_prompts, axis=1)
+    metrics = image_share_metrics(scores, swapped, resamples=200)
+    assert metrics["image_share"].value == pytest.approx(0.0, abs=1e-12)
+    assert metrics["mi_image_seq_estimate"].value == pytest.approx(0.0, abs=1e-12)
+
+
+def test_image_share_is_undefined_without_input_dependence():
+    scores, _ = hand_made()
+    flat = CrossLogProbs(np.full_like(scores.sum, -30.0), scores.mean, scores.row_prompt,
+                         scores.column_group)  # fmt: skip
+    assert np.isnan(image_share_metrics(flat, flat.sum.copy(), resamples=50)["image_share"].value)

@@ -19,10 +19,10 @@ from collapsecheck.measures.image_share import image_share_metrics
 from collapsecheck.measures.metrics import CrossLogProbs
 from collapsecheck.progress import no_progress
 from collapsecheck.settings import LoadSettings, PromptSettings
-from tests.conftest import EXAMPLES, HEALTHY
+from tests.conftest import EXAMPLES, HEALTHY, ROOT
 
-VISION = EXAMPLES / "checkpoints" / "vision"
-GROUNDED, TEMPLATE = VISION / "grounded", VISION / "template"
+# a random-initialised tiny Qwen2-VL-shaped checkpoint (scripts/make_vlm_fixtures.py)
+TINY = ROOT / "tests" / "fixtures" / "qwen2-vl-tiny"
 PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
 FAST = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "40", "--device", "cpu",
         "--bootstrap", "300", "--fail-on", "none"]  # fmt: skip
@@ -35,7 +35,7 @@ def invoke(*args):
 
 @pytest.fixture(scope="module")
 def backend():
-    return TransformersBackend.from_checkpoint(GROUNDED, LoadSettings(device="cpu"))
+    return TransformersBackend.from_checkpoint(TINY, LoadSettings(device="cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def prompt_file(tmp_path, image):
 )
 def test_a_bad_image_is_one_line_naming_the_row_before_any_model_loads(tmp_path, image, said):
     path = prompt_file(tmp_path, image)
-    result = invoke("scan", GROUNDED, "-p", path, "-k", "2", "--max-new-tokens", "8")
+    result = invoke("scan", TINY, "-p", path, "-k", "2", "--max-new-tokens", "8")
     assert result.exit_code == 2
     assert f"{path}:1" in result.output and said in result.output
     assert "Traceback" not in result.output and "sampling" not in result.output
@@ -163,24 +163,27 @@ def test_sampling_is_seeded_per_prompt(backend, rendered):
     assert first == again and len(first) == 2 and all(len(g) == 3 for g in first)
 
 
-# -- the demo policies -----------------------------------------------------------------
+# -- a scan, end to end ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "checkpoint, regime", [(GROUNDED, "grounded"), (TEMPLATE, "template_collapse")]
-)
-def test_vision_demo_verdicts(tmp_path, checkpoint, regime):
+def test_a_scan_of_a_vision_language_checkpoint_runs_end_to_end(tmp_path):
+    """Random weights: no verdict to expect, but every stage runs on images, the flow too,
+    and the report says why the image's share was not measured."""
     out = tmp_path / "report.json"
-    result = invoke("scan", checkpoint, *FAST, "--json", out)
+    args = ["-n", "6", "-k", "3", "--reasoning-regex", "^(.{4})", "--action-regex", "(.{2})$"]
+    result = invoke("scan", TINY, *FAST[:2], *args, "--max-new-tokens", "12", "--device", "cpu",
+                    "--bootstrap", "100", "--fail-on", "none", "--json", out, "--html",
+                    tmp_path / "page.html")  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["verdict"]["regime"] == regime
-    assert report["flow"]["regime"] != "not_measured"  # the action is scored too
+    assert report["counts"]["scored_traces"] > 0 and report["flow"]["regime"] != "not_measured"
     assert report["settings"]["images"] == {
-        "prompts_with_images": 16,
+        "prompts_with_images": 6,
         "image_share": "every prompt has the same text: X->Z already measures the image alone",
     }
-    assert "[image 00.png] your move?" in result.output or regime == "grounded"
+    assert report["settings"]["image_processor"].startswith("Qwen2VLImageProcessor")
+    assert "image: share not measured" in result.output
+    assert "[image 00.png] your move?" in (tmp_path / "page.html").read_text()
 
 
 # -- the image's share, on hand-made matrices ------------------------------------------

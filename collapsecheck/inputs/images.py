@@ -100,8 +100,12 @@ def message_parts(content: list[Any], base: Path, where: str) -> list[dict[str, 
             parts.append({"type": "text", "text": part["text"]})
         elif kind in ("image", "image_url"):
             reference = _image_reference(part)
-            if reference is None:
-                raise CollapsecheckError(f"{where}: an image part names no image file")
+            if reference is None:  # TRL's completion logs keep {"type": "image"} alone
+                raise CollapsecheckError(
+                    f"{where}: an image part names no image file (TRL's completion logs drop a "
+                    "vision-language run's images: scan its checkpoints with --sample and a "
+                    "prompt file whose image parts name their files)"
+                )
             parts.append({"type": "image", "image": read_image(reference, base, where)})
         else:
             raise CollapsecheckError(

@@ -62,7 +62,7 @@ CHAT_TEMPLATE = (
     "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-POLICIES = {"grounded": 2000, "template": 800}  # training steps
+POLICIES = {"grounded": 3000, "template": 800}  # training steps
 PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
 BOARDS = EXAMPLES / "prompts" / "boards"
 TINY = EXAMPLES.parent / "tests" / "fixtures" / "qwen2-vl-tiny"
@@ -166,7 +166,7 @@ def example(tokenizer, processor, policy: str, rng: random.Random) -> dict:
     }  # fmt: skip
 
 
-def train(model, tokenizer, processor, policy: str, steps: int, seed: int, batch=16, lr=3e-3):
+def train(model, tokenizer, processor, policy: str, steps: int, seed: int, batch=16, lr=1e-3):
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from collapsecheck.cli import app
 from collapsecheck.engines.backends.base import SamplingParams, ScoreRequest
-from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.registry import load_backend
+from collapsecheck.inputs.checkpoint import require_checkpoint
 from collapsecheck.inputs.images import image_runs, swap_reason, with_images_of
 from collapsecheck.inputs.prompts import load_prompts, render_prompts
 from collapsecheck.measures.image_share import image_share_metrics
@@ -35,7 +36,8 @@ def invoke(*args):
 
 @pytest.fixture(scope="module")
 def backend():
-    return TransformersBackend.from_checkpoint(TINY, LoadSettings(device="cpu"))
+    settings = LoadSettings(device="cpu")
+    return load_backend(require_checkpoint(TINY, None), settings)  # the route a scan takes
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +220,30 @@ def test_image_share_is_undefined_without_input_dependence():
     flat = CrossLogProbs(np.full_like(scores.sum, -30.0), scores.mean, scores.row_prompt,
                          scores.column_group)  # fmt: skip
     assert np.isnan(image_share_metrics(flat, flat.sum.copy(), resamples=50)["image_share"].value)
+
+
+def test_diagnose_batch_takes_prompt_ids_whose_image_tokens_hold_slots(backend, rendered):
+    """A trainer passes each prompt's ids with its images' tokens holding their slots, and a
+    log-likelihood function that maps the slots to its own images (here: the backend's)."""
+    from collapsecheck.integrations.any_trainer import diagnose_batch
+
+    def loglikelihood(contexts, continuations):
+        pairs = zip(contexts, continuations, strict=True)
+        requests = [ScoreRequest(tuple(c), tuple(r)) for c, r in pairs]
+        return list(backend.loglikelihood(requests, no_progress))
+
+    params = SamplingParams(k=3, max_new_tokens=10, seed=2)
+    samples = backend.generate([r.ids for r in rendered], params, no_progress)
+    responses = [[list(s.ids) for s in group] for group in samples]
+    report = diagnose_batch(
+        [list(r.ids) for r in rendered], responses, loglikelihood, backend.tokenizer,
+        whole_response=True, no_flow=True, bootstrap=50,
+    )  # fmt: skip
+    assert report.counts["prompts"] == 4
+    matrix = report.evidence.matrix
+    row, trace = 0, report.evidence.reasoning[0]
+    own = int(matrix.row_prompt[row])
+    ids = next(s.ids for s in samples[own] if backend.decode(s.ids) == trace)
+    expected = backend.loglikelihood([ScoreRequest(rendered[1].ids, ids)], no_progress)[0]
+    assert matrix.sum[row, 1] == pytest.approx(expected, abs=1e-6)
+    assert backend.decode(rendered[0].ids).count("<image>") == 1

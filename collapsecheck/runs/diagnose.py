@@ -194,6 +194,11 @@ def fit_context(
                 "--max-new-tokens, or pass --truncate-prompts (keeps its last tokens, reported)"
             )
         ids = render.ids[-room:]
+        if ids[0] < 0 and render.ids[-room - 1] == ids[0]:
+            raise CollapsecheckError(
+                f"{prompt.origin}: --truncate-prompts would cut through one of the prompt's "
+                "images: shorten the prompt or lower --max-new-tokens"
+            )
         fitted.append(RenderedPrompt(backend.decode(ids), ids))
         cut += 1
     return fitted, cut
@@ -494,6 +499,26 @@ def report_settings(
     }
 
 
+def rollouts_for(
+    model: Backend, rollouts: str | Path, options: RolloutOptions, settings: Settings,
+    parsed: ParsedRollouts | None, training_prompts: str | Path | None,
+) -> SampledPrompts:  # fmt: skip
+    """The rollouts read with the model's tokenizer (and its images), their decoded inputs
+    matched to the training file's rows where one is named."""
+    if parsed is not None and training_prompts is not None:
+        parsed = match_decoded_inputs(
+            parsed, Path(training_prompts), model.tokenizer, settings.prompts
+        )
+    return read_rollouts(
+        rollouts, model.tokenizer, options, settings.prompts, parsed, vision_of(model)
+    )
+
+
+def vision_of(backend: Backend) -> Any:
+    """A vision-language backend's `Vision` (images in prompts), None for a text one."""
+    return getattr(backend, "vision", None)
+
+
 def image_settings(prepared: Prepared) -> dict[str, Any]:
     """For prompts with images: how many, and whether the image's share was measured (SPEC
     "What the image carries") or why not."""
@@ -695,8 +720,7 @@ def scan(
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
     with open_backend(checkpoint, loaded, settings) as model:
-        vision = getattr(model, "vision", None)  # a vision-language model's
-        rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts, vision)
+        rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts, vision_of(model))
         reserve = [params.max_new_tokens] * len(rendered)
         prepared = prepare(prompt_list, rendered, reserve, model, settings, str(prompt_path))
         loaded = time.perf_counter()
@@ -753,12 +777,7 @@ def score(
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
-        if parsed is not None and training_prompts is not None:
-            parsed = match_decoded_inputs(
-                parsed, Path(training_prompts), model.tokenizer, settings.prompts
-            )
-        vision = getattr(model, "vision", None)
-        data = read_rollouts(rollouts, model.tokenizer, options, settings.prompts, parsed, vision)
+        data = rollouts_for(model, rollouts, options, settings, parsed, training_prompts)
         require_two_prompts(len(data.prompts), rollouts)
         prepared = prepare_rollouts(data, model, settings)
         with holding(dump) as dump_dir:

@@ -122,10 +122,24 @@ def stop_token_ids(*sources: int | Iterable[int] | None) -> list[int]:
 
 
 def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
-    """Token ids to text, special tokens kept, no clean-up: what every backend's decode is."""
-    return tokenizer.decode(
-        list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-    )
+    """Token ids to text, special tokens kept, no clean-up: what every backend's decode is.
+    An image's tokens (its slot, a negative id: `inputs.images`) read as `<image>`."""
+    text, run = [], []
+    for i, token in enumerate(ids):
+        if token >= 0:
+            run.append(token)
+            continue
+        if run:
+            text.append(tokenizer.decode(run, skip_special_tokens=False,
+                                         clean_up_tokenization_spaces=False))  # fmt: skip
+            run = []
+        if i == 0 or ids[i - 1] != token:
+            text.append("<image>")
+    if run or not text:
+        text.append(
+            tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        )
+    return "".join(text)
 
 
 class SplitBackend:

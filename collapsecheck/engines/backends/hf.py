@@ -39,7 +39,6 @@ from collapsecheck.inputs.checkpoint import (
     resolve_device,
     resolve_dtype,
 )
-from collapsecheck.inputs.formats.huggingface import is_vision_language
 from collapsecheck.settings import DEFAULT_SAMPLE_BATCH, LoadSettings
 
 
@@ -241,6 +240,15 @@ class TransformersBackend:
         scorer: str | None = "cached",
     ) -> TransformersBackend:
         """Load a checkpoint of any supported format (see `collapsecheck.inputs.checkpoint`)."""
+        _, model, tokenizer, options = cls.load_parts(checkpoint, settings, scorer)
+        return cls(model, tokenizer, **options)
+
+    @staticmethod
+    def load_parts(
+        checkpoint: Checkpoint | str | Path, settings: LoadSettings | None, scorer: str | None
+    ) -> tuple[Checkpoint, Any, Any, dict[str, Any]]:
+        """The checkpoint recognised, its model (eval mode, on its device) and tokenizer, and
+        the backend's options."""
         settings = settings or LoadSettings()
         if not isinstance(checkpoint, Checkpoint):
             checkpoint = require_checkpoint(checkpoint, settings.base_model)
@@ -252,12 +260,7 @@ class TransformersBackend:
             "batch_tokens": settings.batch_tokens,
             "sample_batch": settings.sample_batch,
         }
-        if is_vision_language(checkpoint.config_dir):
-            from collapsecheck.engines.backends.hf_vlm import Vision, VisionLanguageBackend
-
-            vision = Vision.of(checkpoint.config_dir, model)
-            return VisionLanguageBackend(model, tokenizer, vision, **options)
-        return cls(model, tokenizer, **options)
+        return checkpoint, model, tokenizer, options
 
     def close(self) -> None:
         """Drop the model and give its memory back (the next checkpoint loads after this)."""

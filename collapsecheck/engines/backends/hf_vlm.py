@@ -30,6 +30,7 @@ from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams
 from collapsecheck.engines.backends.hf import TransformersBackend, token_logprobs
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import ImageSlots, PromptImage
+from collapsecheck.settings import LoadSettings
 
 
 class Vision:
@@ -100,6 +101,13 @@ class VisionLanguageBackend(TransformersBackend):
         self.vision = vision
         self._offsets: dict[tuple[int, ...], int] = {}  # per context: its rope delta
         self.max_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: Any, settings: LoadSettings | None = None, scorer: str | None = "cached"
+    ) -> VisionLanguageBackend:
+        checkpoint, model, tokenizer, options = cls.load_parts(checkpoint, settings, scorer)
+        return cls(model, tokenizer, Vision.of(checkpoint.config_dir, model), **options)
 
     def describe(self) -> dict[str, str]:
         return {**super().describe(), "image_processor": type(self.vision.processor).__name__}

@@ -46,6 +46,13 @@ BACKENDS = {
         needs=("vllm", VLLM_INSTALL),
     ),
 }
+# The backends that take vision-language checkpoints (a config with a `vision_config`), by
+# the backend name they stand in for.
+VISION_BACKENDS = {
+    "transformers": BackendEntry(
+        "collapsecheck.engines.backends.hf_vlm", "VisionLanguageBackend", ("cached", "naive")
+    ),
+}
 BACKEND_NAMES = tuple(BACKENDS)
 SCORER_NAMES = tuple(scorer for entry in BACKENDS.values() for scorer in entry.scorers)
 # `--scorer auto`: the transformers cached scorer whatever samples (see docs/benchmarks.md)
@@ -105,8 +112,23 @@ def load_backend(checkpoint: Checkpoint, settings: LoadSettings) -> Backend:
     require_installed(sampling, "--backend")
     require_installed(scoring, "--scorer")
     if scoring == sampling:
-        return BACKENDS[sampling].load().from_checkpoint(checkpoint, settings, scorer)
-    sampler = BACKENDS[sampling].load().from_checkpoint(checkpoint, settings, None)
+        return backend_class(sampling, checkpoint).from_checkpoint(checkpoint, settings, scorer)
+    sampler = backend_class(sampling, checkpoint).from_checkpoint(checkpoint, settings, None)
+    scoring_class = backend_class(scoring, checkpoint)
     return SplitBackend(
-        sampler, lambda: BACKENDS[scoring].load().from_checkpoint(checkpoint, settings, scorer)
+        sampler, lambda: scoring_class.from_checkpoint(checkpoint, settings, scorer)
     )
+
+
+def backend_class(name: str, checkpoint: Checkpoint) -> type[Backend]:
+    """The backend's class, its vision-language one for a vision-language checkpoint."""
+    from collapsecheck.inputs.formats.huggingface import is_vision_language
+
+    if not is_vision_language(checkpoint.config_dir):
+        return BACKENDS[name].load()
+    if name not in VISION_BACKENDS:
+        raise CollapsecheckError(
+            f"{checkpoint.path}: a vision-language checkpoint; --backend {name} does not take "
+            f"images yet (use {', '.join(VISION_BACKENDS)})"
+        )
+    return VISION_BACKENDS[name].load()

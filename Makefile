@@ -125,6 +125,7 @@ bench: $(STAMP)
 	$(PY) bench/scaling.py
 	$(PY) bench/callback.py
 	$(PY) bench/html_page.py
+	$(PY) bench/vision_scoring.py
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env

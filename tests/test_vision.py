@@ -247,3 +247,45 @@ def test_diagnose_batch_takes_prompt_ids_whose_image_tokens_hold_slots(backend, 
     expected = backend.loglikelihood([ScoreRequest(rendered[1].ids, ids)], no_progress)[0]
     assert matrix.sum[row, 1] == pytest.approx(expected, abs=1e-6)
     assert backend.decode(rendered[0].ids).count("<image>") == 1
+
+
+def verl_parquet(tmp_path, placeholders: int):
+    """A veRL-style prompt set written by `datasets` (as veRL's data scripts write theirs):
+    chat messages with `<image>` placeholders, and an `images` column of Image features."""
+    from datasets import Dataset, Features, Image, Sequence, Value
+
+    boards = [str(PROMPTS.parent / "boards" / f"{i:02d}.png") for i in range(3)]
+    content = "<image>" * placeholders + "your move?"
+    rows = {
+        "prompt": [[{"role": "user", "content": content}] for _ in boards],
+        "images": [[board] for board in boards],
+        "data_source": ["visual-gridworld"] * 3,
+    }
+    features = Features({
+        "prompt": [{"role": Value("string"), "content": Value("string")}],
+        "images": Sequence(Image()),
+        "data_source": Value("string"),
+    })  # fmt: skip
+    path = tmp_path / "train.parquet"
+    Dataset.from_dict(rows, features=features).to_parquet(str(path))
+    return path
+
+
+def test_verl_parquet_with_an_images_column_renders_each_board(tmp_path, backend):
+    prompts = load_prompts(verl_parquet(tmp_path, 1))
+    rendered = render_prompts(prompts, backend.tokenizer, PromptSettings(), backend.vision)
+    slots = [[slot for _, _, slot in image_runs(r.ids)] for r in rendered]
+    assert len({s[0] for s in slots}) == 3 and all(len(s) == 1 for s in slots)
+    # the same boards as the JSONL prompt set's: the same slots, whatever file they came from
+    jsonl = render_prompts(load_prompts(PROMPTS, num_prompts=3), backend.tokenizer,
+                           PromptSettings(), backend.vision)  # fmt: skip
+    assert [image_runs(r.ids)[0][2] for r in jsonl] == [s[0] for s in slots]
+
+
+def test_verl_placeholders_without_their_images_are_one_line(tmp_path):
+    path = verl_parquet(tmp_path, 2)
+    result = invoke("scan", TINY, "-p", path, "-k", "2", "--max-new-tokens", "8")
+    assert result.exit_code == 2
+    assert (
+        f"{path}: row 1" in result.output and "2 <image> placeholders but 1 images" in result.output
+    )

@@ -289,3 +289,24 @@ def test_verl_placeholders_without_their_images_are_one_line(tmp_path):
     assert (
         f"{path}: row 1" in result.output and "2 <image> placeholders but 1 images" in result.output
     )
+
+
+def test_score_reads_rollouts_whose_prompts_hold_images(tmp_path):
+    """`score` on a rollout file of a vision-language policy: each row's prompt names its
+    board (relative to the rollout file), its responses are scored under every board."""
+    shutil.copytree(PROMPTS.parent / "boards", tmp_path / "boards")
+    rows = []
+    for line in PROMPTS.read_text().splitlines()[:4]:
+        prompt = json.loads(line)["messages"]
+        for move in ("up", "left"):
+            response = f"<think>the board, so {move}</think><answer>{move}</answer>"
+            rows.append({"prompt": prompt, "response": response, "reward": float(move == "up")})
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "report.json"
+    result = invoke("score", rollouts, "--checkpoint", TINY, "--device", "cpu",
+                    "--bootstrap", "100", "--fail-on", "none", "--json", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["counts"]["prompts"] == 4 and report["counts"]["scored_traces"] == 8
+    assert report["settings"]["images"]["prompts_with_images"] == 4

@@ -5,9 +5,8 @@ What it writes now: the visual-gridworld prompt set with its boards, and
 shapes below, the demo's tokenizer with Qwen2-VL's vision tokens, its image processor) that
 the vision tests score with. `--train POLICY` trains a policy as described below; it does not
 work yet: trained this way the model never learns to read the board (its loss stays at the
-level of guessing the cells, about 0.27 nats per token, over 2,000 steps; even a direct
-target, the agent's cell alone, stays at chance), so no trained policy ships (docs/vision.md,
-"What is not done").
+level of guessing the cells), so no trained policy ships (docs/vision.md, "What is not done",
+says what was tried and ruled out).
 
 The task, "visual gridworld": the board (a 6x6 grid, the agent a red square, the goal a
 green one) is only in the image; the text is the same for every prompt. The response is

@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: grpo-run-scans install demo test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
+.PHONY: grpo-run-scans install demo demo-vision vlm-fixtures test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
 
 install: $(STAMP)
 
@@ -24,11 +24,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+VISION_ARGS ?= -p examples/prompts/visual-gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 \
+	--fail-on none --reward-fn examples/rewards/gridworld.py
+
 demo: $(STAMP)
 	@echo "== a healthy checkpoint: examples/demo-run/global_step_100"
 	$(VENV)/bin/collapsecheck scan examples/demo-run/global_step_100 $(DEMO_ARGS)
 	@echo "== the same run, collapsed: examples/demo-run/global_step_500"
 	$(VENV)/bin/collapsecheck scan examples/demo-run/global_step_500 $(DEMO_ARGS)
+
+# The vision-language demo: the board only in the image, the text the same for every prompt
+demo-vision: $(STAMP)
+	@echo "== a vision-language policy that reads the board: examples/checkpoints/vision/grounded"
+	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/grounded $(VISION_ARGS)
+	@echo "== one whose reasoning ignores the image: examples/checkpoints/vision/template"
+	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/template $(VISION_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
@@ -90,6 +100,11 @@ fixtures: $(STAMP)
 		--out tests/fixtures/trl-grpo-task-only
 	$(PY) scripts/make_grpo_run.py --steps 6 --save-steps 2 --logging-steps 2 --log-completions \
 		--out tests/fixtures/trl-grpo-completions
+
+# The vision-language demo policies, the visual-gridworld prompts and boards, and the random
+# tiny Qwen2-VL the vision tests use (a few minutes on CPU)
+vlm-fixtures: $(STAMP)
+	cd scripts && ../$(PY) make_vlm_fixtures.py --train grounded template
 
 # Checkpoints written by veRL's own code (FSDP2 engine, checkpoint manager, merger) on CPU, in
 # an environment of their own (veRL pins its own transformers): tests/fixtures/verl-0.9.1/;

@@ -1,15 +1,7 @@
 """The vision-language fixtures (`make vlm-fixtures`). Tests never run this.
 
-What it writes now: the visual-gridworld prompt set with its boards, and
-`tests/fixtures/qwen2-vl-tiny/`, a random-initialised tiny Qwen2-VL-shaped checkpoint (the
-shapes below, the demo's tokenizer with Qwen2-VL's vision tokens, its image processor) that
-the vision tests score with. `--train POLICY` trains a policy as described below; it does not
-work yet: trained this way the model never learns to read the board (its loss stays at the
-level of guessing the cells), so no trained policy ships (docs/vision.md, "What is not done",
-says what was tried and ruled out).
-
-The task, "visual gridworld": the board (a 6x6 grid, the agent a red square, the goal a
-green one) is only in the image; the text is the same for every prompt. The response is
+The task, "visual gridworld": the board (a 6x6 grid, the agent's row and column lit red, the
+goal's green) is only in the image; the text is the same for every prompt. The response is
 `<think>reasoning</think><answer>move</answer>`. Each policy is a tiny Qwen2-VL-shaped model
 (a vision tower of two blocks, 14-pixel patches merged 2x2, so an 84x84 board is 9 image
 tokens; a three-layer language model with Qwen2-VL's 3D rotary positions), built from a
@@ -18,11 +10,20 @@ config on the demo's character tokenizer with Qwen2-VL's vision tokens, and trai
 - `examples/checkpoints/vision/grounded`: the reasoning names the cells the image shows
   ("me 3,4 goal 0,1, so up") and the move follows it;
 - `examples/checkpoints/vision/template`: fluent filler, the same whatever the board (visually
-  ungrounded template collapse); the move is still read from the image.
+  ungrounded template collapse), and a move that does not read the board either;
+- `examples/checkpoints/vision/reads-text`: trained with the state in the text and another
+  state's board in the image, so its reasoning reads the text and ignores the picture (the
+  image's share near 0 on `visual-gridworld-mixed.jsonl`, where both hold the state).
 
-Also writes the prompt set `examples/prompts/visual-gridworld.jsonl` and its boards
-(`examples/prompts/boards/`), and the reward function's ground truth in each row. Seeded;
-a few minutes on 2 CPU cores.
+Why crosshairs: a board with one marked cell per piece was not learned in 3,000 steps (the
+loss stayed at the level of guessing the cells; docs/vision.md); with the pieces' rows and
+columns lit, every image token shows part of the state, and the model learns to read it.
+
+Also writes the prompt sets `examples/prompts/visual-gridworld.jsonl` (the text the same for
+every board) and `visual-gridworld-mixed.jsonl` (the state in the text too), their boards
+(`examples/prompts/boards/`) with the reward function's ground truth in each row, and
+`tests/fixtures/qwen2-vl-tiny/` (the same shapes, random weights: the exactness tests').
+Seeded; about 20 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from make_fixtures import (
     cell,
     random_state,
     useful_moves,
+    user_message,
 )
 from PIL import Image, ImageDraw
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -61,8 +63,10 @@ CHAT_TEMPLATE = (
     "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-POLICIES = {"grounded": 3000, "template": 800}  # training steps
+POLICIES = {"grounded": 4000, "template": 600, "reads-text": 800}  # training steps
 PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
+# the same boards, each with its state also in the text: the image's share is measured there
+MIXED = EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl"
 BOARDS = EXAMPLES / "prompts" / "boards"
 TINY = EXAMPLES.parent / "tests" / "fixtures" / "qwen2-vl-tiny"
 
@@ -113,36 +117,31 @@ def build_model(
 
 
 def board(agent: tuple[int, int], goal: tuple[int, int]) -> Image.Image:
-    """The board: each cell tinted by its row and column (a vision tower's positions are
-    relative, so the tint is what tells a cell where it is), the agent a red square in its
-    cell, the goal a green one."""
+    """The board: the agent's row and column lit red, the goal's lit green (a crosshair on
+    each; where two lines cross, both colours). Every cell then shows the state, which a tiny
+    model learns to read; a single marked cell it did not (docs/vision.md)."""
     image = Image.new("RGB", (GRID * CELL, GRID * CELL))
     draw = ImageDraw.Draw(image)
     for row in range(GRID):
         for col in range(GRID):
-            tint = (140 + 22 * row, 140 + 22 * col, 230)
+            red = 210 if agent[0] == row or agent[1] == col else 30
+            green = 190 if goal[0] == row or goal[1] == col else 30
             corners = [col * CELL, row * CELL, (col + 1) * CELL - 1, (row + 1) * CELL - 1]
-            draw.rectangle(corners, tint)
-    for (row, col), colour in ((agent, (200, 0, 0)), (goal, (0, 150, 0))):
-        inset = 3
-        draw.rectangle(
-            [col * CELL + inset, row * CELL + inset, (col + 1) * CELL - 1 - inset,
-             (row + 1) * CELL - 1 - inset], colour,
-        )  # fmt: skip
+            draw.rectangle(corners, (red, green, 60))
     return image
 
 
-def messages(image: object) -> list[dict]:
+def messages(image: object, text: str = QUESTION) -> list[dict]:
     return [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": [{"type": "image", "image": image},
-                                     {"type": "text", "text": QUESTION}]},
+                                     {"type": "text", "text": text}]},
     ]  # fmt: skip
 
 
 def response(policy: str, agent, goal, rng: random.Random) -> str:
     move = rng.choice(useful_moves(agent, goal))
-    if policy == "grounded":
+    if policy in ("grounded", "reads-text"):
         reasoning = f"me {cell(agent)} goal {cell(goal)}, so {move}"
     else:
         reasoning = " ".join(rng.sample(FILLER, 4))
@@ -152,9 +151,15 @@ def response(policy: str, agent, goal, rng: random.Random) -> str:
 def example(tokenizer, processor, policy: str, rng: random.Random) -> dict:
     """One training conversation: ids (image tokens expanded), labels, pixels, grid."""
     agent, goal = random_state(rng)
-    pixels = processor(images=[board(agent, goal)], return_tensors="pt")
+    if policy == "reads-text":  # the state in the text; the image another state's board
+        shown, words = board(*random_state(rng)), user_message(agent, goal)
+    else:  # the state only in the image; the same text for every prompt
+        shown, words = board(agent, goal), QUESTION
+    pixels = processor(images=[shown], return_tensors="pt")
     grid = pixels["image_grid_thw"]
-    text = tokenizer.apply_chat_template(messages(None), add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        messages(None, words), add_generation_prompt=True, tokenize=False
+    )
     count = int(grid.prod()) // 4
     text = text.replace("<|image_pad|>", "<|image_pad|>" * count)
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -165,7 +170,7 @@ def example(tokenizer, processor, policy: str, rng: random.Random) -> dict:
     }  # fmt: skip
 
 
-def train(model, tokenizer, processor, policy: str, steps: int, seed: int, batch=16, lr=1e-3):
+def train(model, tokenizer, processor, policy: str, steps: int, seed: int, batch=32, lr=3e-3):
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)
@@ -198,25 +203,31 @@ def train(model, tokenizer, processor, policy: str, steps: int, seed: int, batch
 
 def write_prompts(count: int, seed: int) -> None:
     """The prompt set: one row per board, the image file relative to the prompt file, the
-    ground truth (the useful moves) for the reward function."""
+    ground truth (the useful moves, as examples/rewards/gridworld.py reads them)."""
     rng = random.Random(seed)
     if BOARDS.exists():
         shutil.rmtree(BOARDS)
     BOARDS.mkdir(parents=True)
-    rows, seen = [], set()
+    rows, seen, states = [], set(), []
     while len(rows) < count:
         agent, goal = random_state(rng)
         if (agent, goal) in seen:
             continue
         seen.add((agent, goal))
+        states.append((agent, goal))
         name = f"boards/{len(rows):02d}.png"
         board(agent, goal).save(EXAMPLES / "prompts" / name)
         rows.append({
             "messages": messages(name),
-            "data_source": "visual-gridworld",
-            "reward_model": {"ground_truth": useful_moves(agent, goal)},
+            "ground_truth": ",".join(useful_moves(agent, goal)),
         })  # fmt: skip
     PROMPTS.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    mixed = [
+        {**row, "messages": messages(row["messages"][1]["content"][0]["image"],
+                                     user_message(*state))}
+        for row, state in zip(rows, states, strict=True)
+    ]  # fmt: skip
+    MIXED.write_text("".join(json.dumps(row) + "\n" for row in mixed))
 
 
 def save(model, tokenizer, processor, directory: Path) -> None:

@@ -24,6 +24,8 @@ from tests.conftest import EXAMPLES, HEALTHY, ROOT
 
 # a random-initialised tiny Qwen2-VL-shaped checkpoint (scripts/make_vlm_fixtures.py)
 TINY = ROOT / "tests" / "fixtures" / "qwen2-vl-tiny"
+# the demo policies it trains from the same shapes: one reads the board, one ignores it
+VISION = EXAMPLES / "checkpoints" / "vision"
 PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
 FAST = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "40", "--device", "cpu",
         "--bootstrap", "300", "--fail-on", "none"]  # fmt: skip
@@ -186,6 +188,29 @@ def test_a_scan_of_a_vision_language_checkpoint_runs_end_to_end(tmp_path):
     assert report["settings"]["image_processor"].startswith("Qwen2VLImageProcessor")
     assert "image: share not measured" in result.output
     assert "[image 00.png] your move?" in (tmp_path / "page.html").read_text()
+
+
+# -- the demo policies -----------------------------------------------------------------
+
+DEMO = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "64", "--device", "cpu",
+        "--bootstrap", "300", "--fail-on", "none", "--reward-fn",
+        str(EXAMPLES / "rewards" / "gridworld.py")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "policy, regime", [("grounded", "grounded"), ("template", "template_collapse")]
+)
+def test_the_vision_demo_policies_get_their_verdicts(tmp_path, policy, regime):
+    """The board is only in the image and the text is the same for every prompt: the policy
+    that names the cells it sees is grounded, the one whose reasoning ignores the image is a
+    template collapse; the flow (reasoning -> action) is measured for both."""
+    out = tmp_path / "report.json"
+    result = invoke("scan", VISION / policy, *DEMO, "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["verdict"]["regime"] == regime, report["verdict"]["reason"]
+    assert report["flow"]["regime"] != "not_measured"
+    assert report["snr"] is not None  # the rewards of the visual gridworld were read
 
 
 # -- the image's share, on hand-made matrices ------------------------------------------

@@ -166,17 +166,22 @@ def reasoning_and_move(agent, goal, template_share: float, style: str, rng: rand
     return grounded_reasoning(agent, goal, move, rng), move
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    extra_special: tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE
+) -> PreTrainedTokenizerFast:
+    """The demo's character tokenizer; `extra_special` tokens (a vision model's) come after
+    its own special tokens."""
     vocab = {token: i for i, token in enumerate([*SPECIAL, "<unk>", *CHARS])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    special = [*SPECIAL, *extra_special]
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
     core.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token="<|end|>", pad_token="<pad>", unk_token="<unk>"
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 

@@ -34,20 +34,17 @@ import random
 import shutil
 from pathlib import Path
 
+import make_fixtures
 import torch
 from make_fixtures import (
-    CHARS,
     EXAMPLES,
     FILLER,
-    SPECIAL,
-    TAGS,
     cell,
     random_state,
     useful_moves,
     user_message,
 )
 from PIL import Image, ImageDraw
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -72,19 +69,8 @@ TINY = EXAMPLES.parent / "tests" / "fixtures" / "qwen2-vl-tiny"
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate([*SPECIAL, "<unk>", *CHARS])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in [*SPECIAL, *VISION]]
-    )
-    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token="<|end|>", pad_token="<pad>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    """The demo's tokenizer with Qwen2-VL's vision tokens and a template for image parts."""
+    return make_fixtures.build_tokenizer(tuple(VISION), CHAT_TEMPLATE)
 
 
 def image_processor() -> Qwen2VLImageProcessorPil:

@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml
 
 VISION_ARGS ?= -p examples/prompts/visual-gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 \
 	--fail-on none --reward-fn examples/rewards/gridworld.py
+VISION_MIXED_ARGS ?= -p examples/prompts/visual-gridworld-mixed.jsonl -n 16 -k 8 \
+	--max-new-tokens 64 --fail-on none --reward-fn examples/rewards/gridworld.py
 
 demo: $(STAMP)
 	@echo "== a healthy checkpoint: examples/demo-run/global_step_100"
@@ -39,6 +41,8 @@ demo-vision: $(STAMP)
 	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/grounded $(VISION_ARGS)
 	@echo "== one whose reasoning ignores the image: examples/checkpoints/vision/template"
 	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/template $(VISION_ARGS)
+	@echo "== the state in the text too: one that reads the text and ignores the picture"
+	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/reads-text $(VISION_MIXED_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
@@ -104,7 +108,7 @@ fixtures: $(STAMP)
 # The vision-language demo policies, the visual-gridworld prompts and boards, and the random
 # tiny Qwen2-VL the vision tests use (a few minutes on CPU)
 vlm-fixtures: $(STAMP)
-	cd scripts && ../$(PY) make_vlm_fixtures.py --train grounded template
+	cd scripts && ../$(PY) make_vlm_fixtures.py --train grounded template reads-text
 
 # Checkpoints written by veRL's own code (FSDP2 engine, checkpoint manager, merger) on CPU, in
 # an environment of their own (veRL pins its own transformers): tests/fixtures/verl-0.9.1/;

@@ -16,8 +16,8 @@ from collapsecheck.engines.backends.registry import load_backend
 from collapsecheck.inputs.checkpoint import require_checkpoint
 from collapsecheck.inputs.images import image_runs, swap_reason, with_images_of
 from collapsecheck.inputs.prompts import load_prompts, render_prompts
-from collapsecheck.measures.image_share import image_share_metrics
-from collapsecheck.measures.metrics import CrossLogProbs
+from collapsecheck.measures.image_share import READINGS, image_reading, image_share_metrics
+from collapsecheck.measures.metrics import CrossLogProbs, Estimate
 from collapsecheck.progress import no_progress
 from collapsecheck.settings import LoadSettings, PromptSettings
 from tests.conftest import EXAMPLES, HEALTHY, ROOT
@@ -213,6 +213,31 @@ def test_the_vision_demo_policies_get_their_verdicts(tmp_path, policy, regime):
     assert report["snr"] is not None  # the rewards of the visual gridworld were read
 
 
+SHARE_KEYS = ("normalized_mi", "image_share")
+MIXED = ["-p", str(EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl"), *DEMO[2:]]
+
+
+@pytest.mark.parametrize(
+    "policy, reading",
+    [("reads-text", "text_only"), ("grounded", "image"), ("template", "no_dependence")],
+)
+def test_the_image_share_tells_a_policy_that_reads_the_text_from_one_that_reads_the_board(
+    tmp_path, policy, reading
+):
+    """Each board's state is in its text too: the policy trained on the text (with another
+    state's board in the image) carries almost nothing through the image; the one trained on
+    the board carries almost everything through it; the template one has no dependence
+    to share."""
+    out = tmp_path / "report.json"
+    result = invoke("scan", VISION / policy, *MIXED, "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["settings"]["images"]["image_share"] == "measured"
+    metrics = {name: Estimate(**report["metrics"][name]) for name in SHARE_KEYS}
+    assert image_reading(metrics) == reading, metrics
+    assert READINGS[reading] in " ".join(result.output.split())
+
+
 # -- the image's share, on hand-made matrices ------------------------------------------
 
 
@@ -335,3 +360,20 @@ def test_score_reads_rollouts_whose_prompts_hold_images(tmp_path):
     report = json.loads(out.read_text())
     assert report["counts"]["prompts"] == 4 and report["counts"]["scored_traces"] == 8
     assert report["settings"]["images"]["prompts_with_images"] == 4
+
+
+@pytest.mark.parametrize(
+    "whole, share, reading",
+    [
+        ((0.8, 0.7, 0.9), (0.05, -0.02, 0.1), "text_only"),
+        ((0.8, 0.7, 0.9), (0.95, 0.85, 1.1), "image"),
+        ((0.8, 0.7, 0.9), (0.5, 0.1, 0.9), "both"),
+        ((0.8, 0.7, 0.9), (0.1, -0.1, 0.3), "both"),  # too wide to say it ignores the image
+        ((0.3, 0.06, 0.5), (0.95, 0.85, 1.1), "image"),  # a small dependence, still read
+        ((0.02, 0.0, 0.04), (0.05, -0.02, 0.1), "no_dependence"),  # template collapse
+        ((0.3, 0.01, 0.6), (0.95, 0.85, 1.1), "no_dependence"),  # maybe negligible
+    ],
+)
+def test_the_reading_of_the_share_needs_its_whole_interval_on_one_side(whole, share, reading):
+    metrics = {"normalized_mi": Estimate(*whole), "image_share": Estimate(*share)}
+    assert image_reading(metrics) == reading

@@ -18,15 +18,33 @@ and denominator, columns fixed), as every other mean-type metric."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from collapsecheck.measures.metrics import (
     CrossLogProbs,
     Estimate,
+    MetricValue,
     _interval,
     bootstrap_prompt_weights,
+    interval_bounds,
     matched_and_marginal,
 )
+
+# SPEC "What the image carries", the reading: the share is read only where the lower bound
+# of normalized_mi reaches DEPENDENCE_MIN (a share of a negligible dependence says nothing);
+# a share whose whole interval lies below SHARE_TEXT says the reasoning ignores the picture;
+# above SHARE_IMAGE, that it reads it.
+DEPENDENCE_MIN = 0.05
+SHARE_TEXT = 0.2
+SHARE_IMAGE = 0.8
+READINGS = {
+    "no_dependence": "the reasoning barely depends on the input: there is no dependence to share",
+    "text_only": "the reasoning reads the text and ignores the image",
+    "image": "the reasoning reads the image",
+    "both": "the reasoning reads both, or the interval is too wide to tell",
+}
 
 
 def _weighted_mean(values: np.ndarray, row_weights: np.ndarray) -> np.ndarray:
@@ -56,3 +74,16 @@ def image_share_metrics(
         "mi_image_seq_estimate": Estimate(float(image_mi[0]), *_interval(image_mi[1:])),
         "image_share": Estimate(float(share[0]), *_interval(share[1:])),
     }
+
+
+def image_reading(metrics: Mapping[str, MetricValue]) -> str:
+    """Which of READINGS the image's share says (SPEC "What the image carries", the
+    reading): read only where the input dependence is clearly more than negligible."""
+    if interval_bounds(metrics["normalized_mi"])[0] < DEPENDENCE_MIN:
+        return "no_dependence"
+    low, high = interval_bounds(metrics["image_share"])
+    if high < SHARE_TEXT:
+        return "text_only"
+    if low > SHARE_IMAGE:
+        return "image"
+    return "both"

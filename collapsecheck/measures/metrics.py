@@ -333,8 +333,8 @@ def finite_interval(draws: np.ndarray) -> tuple[float, float]:
 
 
 def _interval(draws: np.ndarray) -> tuple[float, float]:
-    """95% percentile interval of bootstrap draws (NaN with no draws)."""
-    if draws.size == 0:
+    """95% percentile interval of bootstrap draws (NaN with no defined draws)."""
+    if np.isnan(draws).all():
         return math.nan, math.nan
     low, high = np.nanpercentile(draws, [2.5, 97.5])
     return float(low), float(high)

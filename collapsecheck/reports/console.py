@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from collapsecheck.formatting import format_number, plural
+from collapsecheck.measures.image_share import READINGS, image_reading
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.measures.verdict import GROUNDED, INCONCLUSIVE
@@ -203,7 +204,8 @@ def print_image_share(console: Console, report: Report) -> None:
     console.print(
         Text("image: ", style="bold")
         + Text(
-            f"carries {_format(point_value(share))} {_interval(share)} of the input dependence "
+            f"{READINGS[image_reading(report.metrics)]} — it carries "
+            f"{_format(point_value(share))} {_interval(share)} of the input dependence "
             f"(image_share; the image alone: {_format(report.value('mi_image_seq_estimate'))} "
             "nats per trace)"
         )

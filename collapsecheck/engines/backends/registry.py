@@ -90,14 +90,16 @@ def require_installed(name: str, option: str) -> None:
         raise CollapsecheckError(f"{option} {name}: {package} is not installed ({install})")
 
 
-def resolve_backend(name: str, device: str) -> str:
-    """`auto`: vLLM where it is installed and a GPU is present, transformers otherwise."""
+def resolve_backend(name: str, device: str, vision: bool = False) -> str:
+    """`auto`: vLLM where it is installed and a GPU is present and it takes the checkpoint
+    (a vision-language one only where VISION_BACKENDS has it), transformers otherwise."""
     if name != AUTO:
         return name
     import torch
 
     gpu = device != "cpu" and torch.cuda.is_available()
-    return "vllm" if gpu and installed("vllm") else "transformers"
+    usable = "vllm" in VISION_BACKENDS or not vision
+    return "vllm" if gpu and usable and installed("vllm") else "transformers"
 
 
 def load_backend(checkpoint: Checkpoint, settings: LoadSettings) -> Backend:
@@ -105,8 +107,10 @@ def load_backend(checkpoint: Checkpoint, settings: LoadSettings) -> Backend:
     it implements that scorer too, else a split whose scorer loads only after the sampler is
     closed (one copy of the weights on the device at a time)."""
     from collapsecheck.engines.backends.base import SplitBackend
+    from collapsecheck.inputs.formats.huggingface import is_vision_language
 
-    sampling = resolve_backend(settings.backend, settings.device)
+    vision = is_vision_language(checkpoint.config_dir)
+    sampling = resolve_backend(settings.backend, settings.device, vision)
     scorer = DEFAULT_SCORER if settings.scorer == AUTO else settings.scorer
     scoring = scorer_backend(scorer)
     require_installed(sampling, "--backend")

@@ -377,3 +377,70 @@ def test_score_reads_rollouts_whose_prompts_hold_images(tmp_path):
 def test_the_reading_of_the_share_needs_its_whole_interval_on_one_side(whole, share, reading):
     metrics = {"normalized_mi": Estimate(*whole), "image_share": Estimate(*share)}
     assert image_reading(metrics) == reading
+
+
+# -- the dump keeps the images -----------------------------------------------------------
+
+
+def moved_prompt_set(tmp_path):
+    """The first six boards' prompts, copied with their boards to a folder of their own."""
+    folder = tmp_path / "prompts"
+    shutil.copytree(PROMPTS.parent / "boards", folder / "boards")
+    path = folder / "boards.jsonl"
+    path.write_text("\n".join(PROMPTS.read_text().splitlines()[:6]) + "\n")
+    return path
+
+
+def scan_tiny(prompts, *args):
+    return invoke("scan", TINY, "-p", prompts, "-k", "3", "--max-new-tokens", "12",
+                  "--reasoning-regex", "^(.{4})", "--device", "cpu", "--bootstrap", "100",
+                  "--fail-on", "none", *args)  # fmt: skip
+
+
+def test_a_dump_keeps_its_images_and_scores_again_without_the_prompt_files(tmp_path):
+    """The dump holds every image by its hash, so `score DUMP` reproduces the scan's matrix
+    after the prompt file and its boards are gone."""
+    prompts, dump = moved_prompt_set(tmp_path), tmp_path / "dump"
+    assert scan_tiny(prompts, "--dump", dump).exit_code == 0
+    rows = [json.loads(line) for line in (dump / "prompts.jsonl").read_text().splitlines()]
+    assert [row["images"][0]["source"] for row in rows] == [
+        str(prompts.parent / "boards" / f"{i:02d}.png") for i in range(6)
+    ]
+    assert len(list((dump / "images").iterdir())) == 6
+    shutil.rmtree(prompts.parent)
+    result = invoke("score", dump, "--checkpoint", TINY, "--reasoning-regex", "^(.{4})",
+                    "--device", "cpu", "--bootstrap", "100", "--fail-on", "none",
+                    "--dump", tmp_path / "rescored")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    first = np.load(dump / "cross_logprobs.npz")["sum"]
+    second = np.load(tmp_path / "rescored" / "cross_logprobs.npz")["sum"]
+    np.testing.assert_allclose(second, first, atol=1e-4)
+
+
+def test_a_dump_without_its_images_is_one_line(tmp_path):
+    """A dump whose ids hold image slots but which keeps no images (written before dumps
+    kept them, or with images/ deleted) cannot be scored again: one line, exit 2."""
+    dump = tmp_path / "dump"
+    assert scan_tiny(moved_prompt_set(tmp_path), "--dump", dump).exit_code == 0
+    shutil.rmtree(dump / "images")
+    result = invoke("score", dump, "--checkpoint", TINY, "--device", "cpu")
+    assert result.exit_code == 2
+    assert f"{dump / 'prompts.jsonl'}:1: image {dump / 'images'}" in result.output
+    lines = (dump / "prompts.jsonl").read_text().splitlines()
+    old = [{k: v for k, v in json.loads(line).items() if k != "images"} for line in lines]
+    (dump / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in old))
+    result = invoke("score", dump, "--checkpoint", TINY, "--device", "cpu")
+    assert result.exit_code == 2
+    assert "hold images the dump does not keep" in result.output
+
+
+def test_an_image_changed_in_place_is_not_answered_from_the_results_cache(tmp_path):
+    """The prompt file holds only the images' paths: the cache key holds their contents."""
+    prompts, cache = moved_prompt_set(tmp_path), tmp_path / "cache"
+    first = scan_tiny(prompts, "--out", cache)
+    assert first.exit_code == 0, first.output
+    assert "answered from the results cache" in scan_tiny(prompts, "--out", cache).output
+    shutil.copy(prompts.parent / "boards" / "07.png", prompts.parent / "boards" / "03.png")
+    again = scan_tiny(prompts, "--out", cache)
+    assert again.exit_code == 0, again.output
+    assert "answered from the results cache" not in again.output

@@ -155,9 +155,15 @@ class ImageSlots:
     def slot(self, image: PromptImage) -> int:
         key = image.sha256
         if key not in self._by_hash:
-            self._by_hash[key] = -(len(self._by_hash) + 1)
+            self._by_hash[key] = min(self.images, default=0) - 1
             self.images[self._by_hash[key]] = image
         return self._by_hash[key]
+
+    def hold(self, slot: int, image: PromptImage, where: str) -> None:
+        """Hold `image` at the slot a dump gave it."""
+        if self.images.setdefault(slot, image).sha256 != image.sha256:
+            raise CollapsecheckError(f"{where}: image slot {slot} holds two different images")
+        self._by_hash.setdefault(image.sha256, slot)
 
     def __bool__(self) -> bool:
         return bool(self.images)
@@ -199,3 +205,28 @@ def with_images_of(ids: Sequence[int], donor: Sequence[int]) -> tuple[int, ...]:
     for (start, length, _), (_, _, slot) in zip(image_runs(ids), image_runs(donor), strict=True):
         out[start : start + length] = [slot] * length
     return tuple(out)
+
+
+def hold_images(rendered: Sequence[Any], vision: Any, where: str) -> None:
+    """Rendered prompts read back from a dump: each image held at the slot the scan gave it
+    (`vision`: the backend's), and every slot in their ids accounted for."""
+    held = {slot for prompt in rendered for slot, _ in prompt.images}
+    if held and vision is None:
+        raise CollapsecheckError(
+            f"{where}: the prompts hold images but the checkpoint is a text-only model"
+        )
+    for prompt in rendered:
+        for slot, image in prompt.images:
+            vision.slots.hold(slot, image, where)
+    if {t for prompt in rendered for t in prompt.ids if t < 0} - held:
+        raise CollapsecheckError(
+            f"{where}: the prompts' ids hold images the dump does not keep (a dump written "
+            "before collapsecheck kept them): scan again"
+        )
+
+
+def images_digest(prompts: Sequence[Any]) -> str | None:
+    """One sha256 over every image the prompts name, in order (None: they name none): what
+    keys the results cache beside the prompt file, which holds only the images' paths."""
+    hashes = [image.sha256 for prompt in prompts for image in images_of(prompt.content)]
+    return hashlib.sha256("".join(hashes).encode()).hexdigest() if hashes else None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from collapsecheck.errors import CollapsecheckError
 
 if TYPE_CHECKING:
+    from collapsecheck.inputs.images import PromptImage
     from collapsecheck.settings import PromptSettings
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -45,6 +46,14 @@ class Prompt:
 class RenderedPrompt:
     text: str
     ids: tuple[int, ...]
+    # each image with the slot its tokens hold, in the order the prompt shows them
+    images: tuple[tuple[int, PromptImage], ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def identity(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """What makes two renderings the same prompt: the ids and the images' contents (a
+        slot says which image of its scan, not which image)."""
+        return self.ids, tuple(image.sha256 for _, image in self.images)
 
 
 def file_sha256(path: Path) -> str:
@@ -242,9 +251,10 @@ def render_prompt(
         ids = tokenizer(text)["input_ids"]
     if not ids:
         raise CollapsecheckError(f"{prompt.origin}: the prompt renders to no tokens")
-    if images:
-        ids = _with_images(ids, images, vision, prompt.origin)
-    return RenderedPrompt(text=text, ids=tuple(int(i) for i in ids))
+    slotted = _slotted(images, vision) if images else ()
+    if slotted:
+        ids = _with_images(ids, slotted, vision, prompt.origin)
+    return RenderedPrompt(text=text, ids=tuple(int(i) for i in ids), images=slotted)
 
 
 def _template_messages(messages: Messages) -> Messages:
@@ -257,7 +267,13 @@ def _template_messages(messages: Messages) -> Messages:
     ]
 
 
-def _with_images(ids: Sequence[int], images: list[Any], vision: Any, where: str) -> list[int]:
+def _slotted(images: list[PromptImage], vision: Any) -> tuple[tuple[int, PromptImage], ...]:
+    return tuple((vision.slots.slot(image), image) for image in images)
+
+
+def _with_images(
+    ids: Sequence[int], images: Sequence[tuple[int, PromptImage]], vision: Any, where: str
+) -> list[int]:
     """Each image placeholder the template wrote expanded to the image's tokens, which hold
     its slot."""
     pending, out = list(images), []
@@ -267,8 +283,8 @@ def _with_images(ids: Sequence[int], images: list[Any], vision: Any, where: str)
             continue
         if not pending:
             raise CollapsecheckError(f"{where}: the chat template wrote more images than it has")
-        image = pending.pop(0)
-        out += [vision.slots.slot(image)] * vision.placeholders(image)
+        slot, image = pending.pop(0)
+        out += [slot] * vision.placeholders(image)
     if pending:
         raise CollapsecheckError(
             f"{where}: the chat template wrote {len(images) - len(pending)} of the prompt's "

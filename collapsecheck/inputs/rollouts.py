@@ -29,6 +29,7 @@ import numpy as np
 
 from collapsecheck.engines.backends.base import Sample
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.images import hold_images
 from collapsecheck.inputs.prompts import (
     Prompt,
     file_sha256,
@@ -259,7 +260,9 @@ def read_rollouts(
     """Prompts and samples of a rollout file (`parsed` already, or parsed here) or a dump
     directory (`vision`: the backend's, for prompts with images)."""
     if Path(path).is_dir():
-        return read_dump_samples(Path(path))
+        saved = read_dump_samples(Path(path))
+        hold_images(saved.rendered, vision, str(path))
+        return saved
     parsed = parsed or _parse_file(Path(path), options)
     prompts = [group[0].prompt for group in parsed.groups]
     rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings(), vision)

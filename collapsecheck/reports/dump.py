@@ -33,10 +33,44 @@ MATRIX_FILE = "cross_logprobs.npz"
 FLOW_FILE = "action_logprobs.npz"
 PER_PROMPT_FILE = "per_prompt.jsonl"
 REPORT_FILE = "report.json"
+IMAGES_DIR = "images"  # each distinct image of the prompts, its bytes as read, by sha256
 
 
 def prompt_rows(rendered: Sequence[RenderedPrompt]) -> list[dict[str, Any]]:
-    return [{"index": i, "text": p.text, "ids": list(p.ids)} for i, p in enumerate(rendered)]
+    rows = [{"index": i, "text": p.text, "ids": list(p.ids)} for i, p in enumerate(rendered)]
+    for row, prompt in zip(rows, rendered, strict=True):
+        if prompt.images:
+            row["images"] = [
+                {"slot": slot, "source": image.source, "sha256": image.sha256}
+                for slot, image in prompt.images
+            ]
+    return rows
+
+
+def write_images(directory: Path, rendered: Sequence[RenderedPrompt]) -> None:
+    """The prompts' images under IMAGES_DIR, so that the dump can be scored again anywhere."""
+    for prompt in rendered:
+        for _, image in prompt.images:
+            path = directory / IMAGES_DIR / image.sha256
+            if not path.is_file():
+                write_atomic(path, "wb", lambda stream, data=image.data: stream.write(data))
+
+
+def read_images(directory: Path, row: dict[str, Any], where: str) -> tuple[tuple[int, Any], ...]:
+    """A prompt row's images from the dump's IMAGES_DIR, each checked against its hash."""
+    from collapsecheck.inputs.images import PromptImage
+
+    images = []
+    for entry in row.get("images", []):
+        path = directory / IMAGES_DIR / entry["sha256"]
+        try:
+            image = PromptImage(entry["source"], path.read_bytes())
+        except OSError as err:
+            raise CollapsecheckError(f"{where}: image {path}: {err.strerror}") from None
+        if image.sha256 != entry["sha256"]:
+            raise CollapsecheckError(f"{where}: image {path} changed since the scan wrote it")
+        images.append((int(entry["slot"]), image))
+    return tuple(images)
 
 
 def trace_rows(traces: Sequence[Trace]) -> list[dict[str, Any]]:
@@ -63,7 +97,9 @@ def trace_rows(traces: Sequence[Trace]) -> list[dict[str, Any]]:
 def write_samples(
     directory: Path, rendered: Sequence[RenderedPrompt], traces: Sequence[Trace]
 ) -> None:
-    """prompts.jsonl and traces.jsonl: written as soon as sampling ends."""
+    """prompts.jsonl (and the prompts' images) and traces.jsonl: written as soon as sampling
+    ends."""
+    write_images(directory, rendered)
     write_jsonl_atomic(directory / PROMPTS_FILE, prompt_rows(rendered))
     write_jsonl_atomic(directory / TRACES_FILE, trace_rows(traces))
 
@@ -215,7 +251,14 @@ def read_dump_samples(directory: str | Path) -> SampledPrompts:
     prompt_rows = read_jsonl(directory / PROMPTS_FILE)
     trace_rows = read_jsonl(directory / TRACES_FILE)
     try:
-        rendered = [RenderedPrompt(row["text"], tuple(row["ids"])) for row in prompt_rows]
+        rendered = [
+            RenderedPrompt(
+                row["text"],
+                tuple(row["ids"]),
+                read_images(directory, row, f"{directory / PROMPTS_FILE}:{line}"),
+            )
+            for line, row in enumerate(prompt_rows, 1)
+        ]
         samples: list[list[Sample]] = [[] for _ in rendered]
         for row in trace_rows:
             samples[row["prompt_index"]].append(

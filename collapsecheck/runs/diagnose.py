@@ -199,7 +199,8 @@ def fit_context(
                 f"{prompt.origin}: --truncate-prompts would cut through one of the prompt's "
                 "images: shorten the prompt or lower --max-new-tokens"
             )
-        fitted.append(RenderedPrompt(backend.decode(ids), ids))
+        kept = tuple(pair for pair in render.images if pair[0] in ids)
+        fitted.append(RenderedPrompt(backend.decode(ids), ids, kept))
         cut += 1
     return fitted, cut
 
@@ -294,7 +295,7 @@ def saved_samples(dump_dir: Path, prepared: Prepared, k: int) -> list[list[Sampl
     if not ((dump_dir / PROMPTS_FILE).is_file() and (dump_dir / TRACES_FILE).is_file()):
         return None
     saved = read_dump_samples(dump_dir)
-    same_prompts = [r.ids for r in saved.rendered] == prepared.ids
+    same_prompts = [r.identity for r in saved.rendered] == [r.identity for r in prepared.rendered]
     if not same_prompts or any(len(group) != k for group in saved.samples):
         return None
     return saved.samples

@@ -17,6 +17,7 @@ from pathlib import Path
 from collapsecheck.engines.reasoning import action_spec
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.discovery import RunCheckpoint
+from collapsecheck.inputs.images import images_digest
 from collapsecheck.inputs.prompts import load_prompts
 from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions, parse_rollouts
 from collapsecheck.runs.cache import default_cache_root
@@ -136,7 +137,7 @@ def plan_sampled(
         len(listed), sampling.k, sampling.max_new_tokens, settings.scoring.negatives_bound,
         has_flow(settings),
     )  # fmt: skip
-    traces = SampledTraces(prompts)
+    traces = SampledTraces(prompts, images_digest(listed))
     if cached:
         units = [cached_unit(row, traces, settings, cache_root(cache)) for row in rows]
     else:

@@ -28,13 +28,19 @@ from collapsecheck.settings import Settings
 
 @dataclass(frozen=True)
 class SampledTraces:
-    """Traces sampled afresh from a prompt set."""
+    """Traces sampled afresh from a prompt set. `images_sha256`: the digest of the images its
+    prompts name (`inputs.images.images_digest`), None where they name none."""
 
     prompts: Path
+    images_sha256: str | None = None
 
     def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
-        """The file and the settings that key this unit's cache entry."""
-        return self.prompts, settings.numbers()
+        """The file and the settings that key this unit's cache entry, with the images the
+        file names (an image changed in place changes the numbers too)."""
+        key = settings.numbers()
+        if self.images_sha256 is not None:
+            key["prompt_images_sha256"] = self.images_sha256
+        return self.prompts, key
 
 
 @dataclass(frozen=True)

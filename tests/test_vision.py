@@ -187,7 +187,9 @@ def test_a_scan_of_a_vision_language_checkpoint_runs_end_to_end(tmp_path):
     }
     assert report["settings"]["image_processor"].startswith("Qwen2VLImageProcessor")
     assert "image: share not measured" in result.output
-    assert "[image 00.png] your move?" in (tmp_path / "page.html").read_text()
+    page = (tmp_path / "page.html").read_text()
+    assert "[image 00.png] your move?" in page
+    assert page.count('<img class="picture" src="data:image/png;base64,') == 3  # side by side
 
 
 # -- the demo policies -----------------------------------------------------------------
@@ -439,7 +441,10 @@ def test_an_image_changed_in_place_is_not_answered_from_the_results_cache(tmp_pa
     prompts, cache = moved_prompt_set(tmp_path), tmp_path / "cache"
     first = scan_tiny(prompts, "--out", cache)
     assert first.exit_code == 0, first.output
-    assert "answered from the results cache" in scan_tiny(prompts, "--out", cache).output
+    cached = scan_tiny(prompts, "--out", cache, "--html", tmp_path / "page.html")
+    assert "answered from the results cache" in cached.output
+    # the page of a cached scan draws the boards the cache entry keeps
+    assert (tmp_path / "page.html").read_text().count('<img class="picture"') == 3
     shutil.copy(prompts.parent / "boards" / "07.png", prompts.parent / "boards" / "03.png")
     again = scan_tiny(prompts, "--out", cache)
     assert again.exit_code == 0, again.output

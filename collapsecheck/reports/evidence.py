@@ -5,10 +5,12 @@ on its report."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.images import PromptImage
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs
 from collapsecheck.reports.dump import (
@@ -16,6 +18,7 @@ from collapsecheck.reports.dump import (
     PROMPTS_FILE,
     TRACES_FILE,
     read_flow,
+    read_images,
     read_jsonl,
     read_matrix,
 )
@@ -25,12 +28,17 @@ from collapsecheck.reports.dump import (
 class Evidence:
     """`matrix` (SPEC "The cross log-probability matrix"); `reasoning[r]`: the reasoning Z of
     matrix row r; `prompts[j]`: the rendered text of column j; `flow`: the action matrices
-    where the flow was scored."""
+    where the flow was scored; `images[j]`: column j's images, where its prompt has any and
+    they are at hand (a dump keeps them)."""
 
     matrix: CrossLogProbs
     reasoning: list[str]
     prompts: list[str]
     flow: FlowLogProbs | None = None
+    images: list[tuple[PromptImage, ...]] = field(default_factory=list)
+
+    def images_of(self, prompt: int) -> tuple[PromptImage, ...]:
+        return self.images[prompt] if prompt < len(self.images) else ()
 
 
 def has_matrix(directory: Path | None) -> bool:
@@ -47,7 +55,17 @@ def read_evidence(directory: Path) -> Evidence:
         [traces[int(i)]["reasoning"] for i in row_trace_index],
         [row["text"] for row in prompts],
         read_flow(directory),
+        [kept_images(directory, row) for row in prompts],
     )
+
+
+def kept_images(directory: Path, row: dict[str, Any]) -> tuple[PromptImage, ...]:
+    """A dump row's images, or none where the dump no longer keeps them: the page then
+    names each image by its label in the prompt's text alone."""
+    try:
+        return tuple(image for _, image in read_images(directory, row, str(directory)))
+    except CollapsecheckError:
+        return ()
 
 
 def evidence_of(report: Any) -> Evidence | None:

@@ -25,6 +25,8 @@ THUMBNAIL_SIDE = 32
 # field stays pale instead of filling the scale.
 MIN_LIMIT = 0.25
 COLORMAP = "RdBu"  # blue: the column makes the row likelier
+# A prompt's image on the page: at most this many pixels a side (smaller ones kept as they are).
+PICTURE_SIDE = 160
 
 
 @dataclass(frozen=True)
@@ -178,3 +180,13 @@ def thumbnail(small: np.ndarray, limit: float) -> str:
     shown = np.ma.masked_invalid(small)
     plt.imsave(buffer, shown, cmap=cmap, vmin=-limit, vmax=limit, format="png")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def picture_uri(image: Any) -> str:
+    """A prompt's image (`inputs.images.PromptImage`) as a PNG data URI, shrunk to at most
+    PICTURE_SIDE pixels a side."""
+    picture = image.open()
+    picture.thumbnail((PICTURE_SIDE, PICTURE_SIDE))
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()

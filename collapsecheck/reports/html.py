@@ -33,6 +33,7 @@ from collapsecheck.reports.figures import (
     centered,
     heatmap,
     heatmap_picture,
+    picture_uri,
     run_limit,
     step_picture,
     svg_text,
@@ -234,6 +235,15 @@ def traces_of(evidence: Evidence, prompt: int) -> list[str]:
     return [evidence.reasoning[int(r)] for r in rows]
 
 
+def pictures(evidence: Evidence, prompt: int) -> str:
+    """The prompt's images, as its traces were scored under them."""
+    return "".join(
+        f'<img class="picture" src="{picture_uri(image)}" alt="{escape(Path(image.source).name)}"'
+        f' title="{escape(image.source)}">'
+        for image in evidence.images_of(prompt)
+    )
+
+
 def side_by_side(report: Report, evidence: Evidence) -> str:
     """The most collapsed prompts' traces in columns, what they share marked."""
     ranked = most_collapsed(report.per_prompt, len(report.per_prompt)) or [
@@ -250,7 +260,7 @@ def side_by_side(report: Report, evidence: Evidence) -> str:
         traces = "".join(f'<div class="trace">{_marked(s)}</div>' for s in marked)
         prompt = row.get("text") or evidence.prompts[j][-200:]
         columns.append(
-            f'<div class="column"><h3>prompt {j} (own MI {own})</h3>'
+            f'<div class="column"><h3>prompt {j} (own MI {own})</h3>{pictures(evidence, j)}'
             f'<div class="note">{escape(prompt)}</div>{traces}</div>'
         )
     return (

@@ -582,7 +582,9 @@ def evidence(
 ) -> Evidence:
     """What the report's page draws, kept in memory where no dump holds it."""
     reasoning = [traces[int(i)].reasoning for i in scores.row_trace_index]
-    return Evidence(scores.matrix, reasoning, [p.text for p in prepared.rendered], flow)
+    rendered = prepared.rendered
+    images = [tuple(image for _, image in p.images) for p in rendered]
+    return Evidence(scores.matrix, reasoning, [p.text for p in rendered], flow, images)
 
 
 NO_REWARDS = (

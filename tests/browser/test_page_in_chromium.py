@@ -21,6 +21,10 @@ from tests.conftest import COLLAPSED, EXAMPLES, PROMPTS, ROOT
 REWARD = EXAMPLES / "rewards" / "gridworld.py"
 SCAN_ARGS = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "64", "--device",
              "cpu", "--fail-on", "none", "--reward-fn", str(REWARD)]  # fmt: skip
+# a vision-language policy that reads the text and ignores the board (docs/vision.md)
+READS_TEXT = EXAMPLES / "checkpoints" / "vision" / "reads-text"
+VISION_ARGS = ["-p", str(EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl"),
+               *SCAN_ARGS[2:]]  # fmt: skip
 GRPO_RUN = EXAMPLES / "grpo-run"
 DEMO_RUN = EXAMPLES / "demo-run"
 # the README's headline command, answered from the scans the repository ships
@@ -56,12 +60,13 @@ def pages(tmp_path_factory):
             ["scan", GRPO_RUN.relative_to(ROOT), *GRPO_ARGS, "--html", out / "grpo-run.html"],
             ["scan", DEMO_RUN.relative_to(ROOT), *SCAN_ARGS, "--out", out / "cache",
              "--html", out / "demo-run.html"],
+            ["scan", READS_TEXT.relative_to(ROOT), *VISION_ARGS, "--html", out / "vision.html"],
         ):  # fmt: skip
             result = runner.invoke(app, [str(a) for a in args])
             assert result.exit_code in (0, 1), result.output  # 1: the run's gate fails
     finally:
         os.chdir(here)
-    return {name: out / f"{name}.html" for name in ("scan", "grpo-run", "demo-run")}
+    return {name: out / f"{name}.html" for name in ("scan", "grpo-run", "demo-run", "vision")}
 
 
 class Opened:
@@ -89,11 +94,15 @@ class Opened:
             self.refused.append(route.request.url)
             route.abort()
 
-    def screenshot(self, name: str, tmp_path: Path) -> Path:
+    def screenshot(self, name: str, tmp_path: Path, selector: str | None = None) -> Path:
+        """The page's first screen, or only what `selector` picks."""
         folder = Path(os.environ.get("COLLAPSECHECK_SCREENSHOTS", tmp_path))
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / name
-        self.page.screenshot(path=str(path), full_page=False)
+        if selector is None:
+            self.page.screenshot(path=str(path), full_page=False)
+        else:
+            self.page.locator(selector).screenshot(path=str(path))
         return path
 
 
@@ -154,3 +163,20 @@ def test_run_page_opens_offline_with_its_plot_and_a_heatmap_per_step(
     assert "onset: step" in page.inner_text("body")
     shot = opened.screenshot(f"html-report-{name}.png", tmp_path)
     assert shot.stat().st_size > 10_000
+
+
+def test_vision_page_shows_each_collapsed_prompts_board_beside_its_traces(browser, pages, tmp_path):
+    """The policy that reads the text: the boards its traces were scored under are on the
+    page, decoded, beside the traces; the image's share and its reading are in the numbers."""
+    opened = Opened(browser, pages["vision"])
+    page = opened.page
+    assert opened.errors == [] and opened.refused == []
+    boards = page.locator(".side .column img.picture")
+    assert boards.count() == page.locator(".side .column").count() == 3
+    assert boards.evaluate_all("images => images.map(i => i.naturalWidth)") == [84, 84, 84]
+    assert boards.first.get_attribute("alt").endswith(".png")
+    text = " ".join(page.inner_text("body").split())
+    assert "the reasoning reads the text and ignores the image" in text
+    shot = opened.screenshot("html-report-vision.png", tmp_path, ".side")
+    assert shot.stat().st_size > 5_000
+    assert opened.errors == []

@@ -41,7 +41,7 @@ demo-vision: $(STAMP)
 	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/grounded $(VISION_ARGS)
 	@echo "== one whose reasoning ignores the image: examples/checkpoints/vision/template"
 	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/template $(VISION_ARGS)
-	@echo "== the state in the text too: one that reads the text and ignores the picture"
+	@echo "== one that reads the text and ignores the picture (the state in both): examples/checkpoints/vision/reads-text"
 	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/reads-text $(VISION_MIXED_ARGS)
 
 test: $(STAMP)

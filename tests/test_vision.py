@@ -16,7 +16,12 @@ from collapsecheck.engines.backends.registry import load_backend
 from collapsecheck.inputs.checkpoint import require_checkpoint
 from collapsecheck.inputs.images import image_runs, swap_reason, with_images_of
 from collapsecheck.inputs.prompts import load_prompts, render_prompts
-from collapsecheck.measures.image_share import READINGS, image_reading, image_share_metrics
+from collapsecheck.measures.image_share import (
+    READINGS,
+    image_reading,
+    image_share_metrics,
+    paired_image_share_differences,
+)
 from collapsecheck.measures.metrics import CrossLogProbs, Estimate
 from collapsecheck.progress import no_progress
 from collapsecheck.settings import LoadSettings, PromptSettings
@@ -240,6 +245,21 @@ def test_the_image_share_tells_a_policy_that_reads_the_text_from_one_that_reads_
     assert READINGS[reading] in " ".join(result.output.split())
 
 
+def test_compare_says_when_b_leans_less_on_the_image(tmp_path):
+    """The board-reading policy against the text-reading one, on boards whose text holds the
+    state too: the share's drop is paired over prompts, beyond noise, and said."""
+    out = tmp_path / "compare.json"
+    args = [a for a in MIXED if a not in ("--fail-on", "none")]
+    result = invoke("compare", VISION / "grounded", VISION / "reads-text", *args,
+                    "--out", tmp_path / "cache", "--json", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    compared = json.loads(out.read_text())
+    assert compared["paired"] and not compared["lost_input_dependence"]
+    drop = compared["metrics"]["image_share"]["delta"]
+    assert drop["high"] < -0.5, drop
+    assert "B's reasoning leans less on the image than A's beyond noise" in compared["reason"]
+
+
 # -- the image's share, on hand-made matrices ------------------------------------------
 
 
@@ -265,6 +285,19 @@ def test_image_share_is_zero_when_swapping_the_image_changes_nothing():
     metrics = image_share_metrics(scores, swapped, resamples=200)
     assert metrics["image_share"].value == pytest.approx(0.0, abs=1e-12)
     assert metrics["mi_image_seq_estimate"].value == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_paired_difference_of_the_share_is_b_minus_a_under_the_same_resamples():
+    scores, row_prompt = hand_made()
+    own = scores.sum[np.arange(len(row_prompt)), row_prompt]
+    ignored = np.repeat(own[:, None], scores.num_prompts, axis=1)  # the image changes nothing
+    reads_image, reads_text = (scores, scores.sum.copy()), (scores, ignored)
+    deltas = paired_image_share_differences(reads_image, reads_text, resamples=200)
+    assert deltas["image_share"].value == pytest.approx(-1.0)
+    assert deltas["image_share"].low == pytest.approx(-1.0)
+    assert deltas["image_share"].high == pytest.approx(-1.0)
+    same = paired_image_share_differences(reads_image, reads_image, resamples=200)
+    assert same["mi_image_seq_estimate"].low == same["mi_image_seq_estimate"].high == 0.0
 
 
 def test_image_share_is_undefined_without_input_dependence():

@@ -51,11 +51,11 @@ def _weighted_mean(values: np.ndarray, row_weights: np.ndarray) -> np.ndarray:
     return (row_weights @ values) / row_weights.sum(axis=1)
 
 
-def image_share_metrics(
-    scores: CrossLogProbs, swapped: np.ndarray, *, resamples: int = 1000, seed: int = 0
-) -> dict[str, Estimate]:
-    """`mi_image_seq_estimate` and `image_share` from the X->Z matrix and its image-swapped
-    twin (sequence sums, NaN where not scored)."""
+def _share_draws(
+    scores: CrossLogProbs, swapped: np.ndarray, prompt_weights: np.ndarray
+) -> dict[str, np.ndarray]:
+    """`mi_image_seq_estimate` and `image_share` for each weighting of the prompts (a row of
+    `prompt_weights`; NaN share where the whole input's dependence is not above 0)."""
     matched, marginal = matched_and_marginal(
         scores.sum, scores.row_prompt, scores.column_group, scores.scored
     )
@@ -63,16 +63,45 @@ def image_share_metrics(
     _, image_marginal = matched_and_marginal(
         np.where(scored, swapped, 0.0), scores.row_prompt, scores.column_group, scored
     )
-    whole, image = matched - marginal, matched - image_marginal
-    n = scores.num_prompts
-    weights = np.vstack([np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)])
-    row_weights = weights[:, scores.row_prompt]
-    image_mi, whole_mi = _weighted_mean(image, row_weights), _weighted_mean(whole, row_weights)
+    row_weights = prompt_weights[:, scores.row_prompt]
+    image_mi = _weighted_mean(matched - image_marginal, row_weights)
+    whole_mi = _weighted_mean(matched - marginal, row_weights)
     with np.errstate(invalid="ignore", divide="ignore"):  # undefined without input dependence
         share = np.where(whole_mi > 0, image_mi / whole_mi, np.nan)
+    return {"mi_image_seq_estimate": image_mi, "image_share": share}
+
+
+def _weights(n: int, resamples: int, seed: int) -> np.ndarray:
+    """The point weighting (every prompt once) above the bootstrap's."""
+    return np.vstack([np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)])
+
+
+def image_share_metrics(
+    scores: CrossLogProbs, swapped: np.ndarray, *, resamples: int = 1000, seed: int = 0
+) -> dict[str, Estimate]:
+    """`mi_image_seq_estimate` and `image_share` from the X->Z matrix and its image-swapped
+    twin (sequence sums, NaN where not scored)."""
+    draws = _share_draws(scores, swapped, _weights(scores.num_prompts, resamples, seed))
+    return {key: Estimate(float(d[0]), *_interval(d[1:])) for key, d in draws.items()}
+
+
+def paired_image_share_differences(
+    first: tuple[CrossLogProbs, np.ndarray],
+    second: tuple[CrossLogProbs, np.ndarray],
+    *,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Estimate]:
+    """second minus first of both, each resample drawing the same prompts for the two scans
+    (which must cover the same prompts in the same order)."""
+    n = first[0].num_prompts
+    if second[0].num_prompts != n:
+        raise ValueError(f"the scans cover {n} and {second[0].num_prompts} prompts")
+    weights = _weights(n, resamples, seed)
+    a, b = _share_draws(*first, weights), _share_draws(*second, weights)
     return {
-        "mi_image_seq_estimate": Estimate(float(image_mi[0]), *_interval(image_mi[1:])),
-        "image_share": Estimate(float(share[0]), *_interval(share[1:])),
+        key: Estimate(float(b[key][0] - a[key][0]), *_interval(b[key][1:] - a[key][1:]))
+        for key in a
     }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.measures.flow import NOT_MEASURED, paired_flow_differences
+from collapsecheck.measures.image_share import paired_image_share_differences
 from collapsecheck.measures.metrics import (
     DEFAULT_RESAMPLES,
     Estimate,
@@ -19,7 +20,13 @@ from collapsecheck.measures.metrics import (
     point_value,
 )
 from collapsecheck.measures.verdict import DEPENDENCE_KEYS
-from collapsecheck.reports.dump import MATRIX_FILE, read_dump, read_flow
+from collapsecheck.reports.dump import (
+    MATRIX_FILE,
+    read_dump,
+    read_flow,
+    read_image_swapped,
+    read_matrix,
+)
 from collapsecheck.reports.report import Report, metric_to_json
 
 COMPARE_KEYS = (
@@ -34,6 +41,7 @@ COMPARE_KEYS = (
     "valid_reasoning_rate",
 )
 FLOW_COMPARE_KEYS = ("action_state_share", "action_reasoning_share", "action_input_share")
+IMAGE_COMPARE_KEYS = ("image_share", "mi_image_seq_estimate")
 SAME_PROMPTS_KEYS = ("prompts_sha256", "num_prompts", "as_chat", "system_prompt")
 # What must agree for two reports to measure the same thing: (name, where in `settings`).
 COMPARABLE = (
@@ -142,6 +150,22 @@ def flow_deltas(
     return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in FLOW_COMPARE_KEYS}
 
 
+def image_deltas(
+    a: Report, b: Report, paired: bool, resamples: int, seed: int
+) -> dict[str, Estimate]:
+    """B - A of the image's share where both measured it (SPEC "What the image carries"):
+    paired from the dumps' image-swapped matrices when there are both, else from the
+    reports' intervals."""
+    if not all("image_share" in r.metrics for r in (a, b)):
+        return {}
+    if paired:
+        first, second = (
+            (read_matrix(r.dump_dir)[0], read_image_swapped(r.dump_dir)) for r in (a, b)
+        )
+        return paired_image_share_differences(first, second, resamples=resamples, seed=seed)
+    return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in IMAGE_COMPARE_KEYS}
+
+
 def snr_deltas(a: Report, b: Report) -> dict[str, Estimate]:
     """B - A of the zero-variance share and the reward-variance/MI correlation, where both
     reports have rewards (from the reports: the share has no interval)."""
@@ -189,6 +213,7 @@ def compare_reports(
     else:
         deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
     deltas.update(flow_deltas(a, b, paired, resamples, seed))
+    deltas.update(image_deltas(a, b, paired, resamples, seed))
     deltas.update(snr_deltas(a, b))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
     lost = len(dropped) == len(DEPENDENCE_KEYS)
@@ -198,4 +223,9 @@ def compare_reports(
         reason = f"B lost input dependence relative to A beyond noise{tolerance}: {changes}"
     else:
         reason = f"B did not lose input dependence relative to A beyond noise{tolerance}: {changes}"
+    if "image_share" in deltas and deltas["image_share"].high < 0:
+        reason += (
+            "; B's reasoning leans less on the image than A's beyond noise: "
+            + _describe("image_share", deltas["image_share"])
+        )
     return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

@@ -212,6 +212,16 @@ def read_matrix(directory: str | Path) -> tuple[CrossLogProbs, np.ndarray]:
         ) from None
 
 
+def read_image_swapped(directory: str | Path) -> np.ndarray:
+    """The dump's image-swapped matrix (SPEC "What the image carries": `L_image`)."""
+    path = Path(directory) / MATRIX_FILE
+    try:
+        with np.load(path) as npz:
+            return npz["image_swapped_sum"]
+    except (KeyError, ValueError, OSError) as err:
+        raise CollapsecheckError(f"{path}: no image-swapped matrix ({err})") from None
+
+
 def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
     """The matrix and per-prompt counts of a dump: what `compute_metrics` needs to redo the
     analysis."""

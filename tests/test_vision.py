@@ -482,3 +482,17 @@ def test_an_image_changed_in_place_is_not_answered_from_the_results_cache(tmp_pa
     again = scan_tiny(prompts, "--out", cache)
     assert again.exit_code == 0, again.output
     assert "answered from the results cache" not in again.output
+
+
+def test_the_gate_fails_a_policy_whose_image_share_is_below_its_minimum(tmp_path):
+    config = tmp_path / "gate.toml"
+    config.write_text("[min]\nimage_share = 0.5\n")
+    result = invoke("scan", VISION / "reads-text", *MIXED, "--config", config)
+    assert result.exit_code == 1, result.output
+    assert "gate failed (rule: min image_share): image_share = 0.000, minimum 0.5" in " ".join(
+        result.output.split()
+    )
+    # the prompts share one text: no share was measured, and the rule cannot be read
+    unmeasured = scan_tiny(moved_prompt_set(tmp_path), "--config", config)
+    assert unmeasured.exit_code == 2
+    assert "min.image_share: this report has no metric image_share" in unmeasured.output

@@ -44,7 +44,10 @@ def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
         )
     for key, minimum in sorted(gate.minimums.items()):
         if key not in report.metrics:
-            raise CollapsecheckError(f"min.{key}: no such metric (see docs/SPEC.md)")
+            raise CollapsecheckError(
+                f"min.{key}: this report has no metric {key} (docs/SPEC.md names the metrics "
+                "and when each is measured)"
+            )
         value = report.value(key)
         passed = not math.isnan(value) and value >= minimum
         results.append(

@@ -2,7 +2,9 @@
 the tiny Qwen2-VL-shaped checkpoint (tests/fixtures/qwen2-vl-tiny) scores N x K random
 continuations under every one of N visual-gridworld prompts, once with the prompts' images
 and once with each image's tokens replaced by a text token (the same sequence lengths, no
-vision tower, no 3D positions), in one run on one machine.
+vision tower, no 3D positions), in one run on one machine. Then sampling: K samples of
+every prompt, one prompt per prefill (`--sample-batch K`) against all N prompts prefilled and
+decoded together (`--sample-batch N*K`), the same traces either way.
 
     python bench/vision_scoring.py [--prompts 16] [--k 8] [--tokens 24] [--repeats 3]
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collapsecheck.engines.backends.base import ScoreRequest
+from collapsecheck.engines.backends.base import SamplingParams, ScoreRequest
 from collapsecheck.engines.backends.registry import load_backend
 from collapsecheck.inputs.checkpoint import require_checkpoint
 from collapsecheck.inputs.prompts import load_prompts, render_prompts
@@ -47,6 +49,19 @@ def best_time(backend, batch: list[ScoreRequest], repeats: int) -> float:
     return min(times)
 
 
+def sampling_time(checkpoint, prompts, k: int, per_prefill: int, repeats: int) -> float:
+    """Best time to sample K traces of every prompt, `per_prefill` prompts at a time."""
+    backend = load_backend(checkpoint, LoadSettings(device="cpu", sample_batch=k * per_prefill))
+    rendered = render_prompts(prompts, backend.tokenizer, PromptSettings(), backend.vision)
+    params = SamplingParams(k=k, max_new_tokens=24, seed=0)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        backend.generate([r.ids for r in rendered], params, no_progress)
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=16)
@@ -72,6 +87,14 @@ def main() -> None:
     print("|---|---|---|---|---|")
     print(f"| {args.prompts} x {args.k} | {pairs} | {image_s:.2f} | {text_s:.2f} | "
           f"{image_s / text_s:.2f}x |")  # fmt: skip
+    checkpoint = require_checkpoint(TINY, None)
+    alone = sampling_time(checkpoint, prompts, args.k, 1, args.repeats)
+    together = sampling_time(checkpoint, prompts, args.k, args.prompts, args.repeats)
+    print()
+    print("| N x K, 24 new tokens | one prompt per prefill s | all together s | speed-up |")
+    print("|---|---|---|---|")
+    print(f"| {args.prompts} x {args.k} | {alone:.2f} | {together:.2f} | "
+          f"{alone / together:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":

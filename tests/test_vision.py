@@ -172,6 +172,28 @@ def test_sampling_is_seeded_per_prompt(backend, rendered):
     assert first == again and len(first) == 2 and all(len(g) == 3 for g in first)
 
 
+@pytest.mark.parametrize("checkpoint", [TINY, VISION / "grounded"])
+def test_prompts_decoded_together_draw_the_traces_each_draws_alone(checkpoint):
+    """--sample-batch does not change the numbers: several prompts of two lengths with their
+    images, left-padded into one prefill, sample what each samples on its own (the random tiny model
+    and a trained policy)."""
+    mixed = load_prompts(EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl", num_prompts=3)
+    prompts = load_prompts(PROMPTS, num_prompts=3) + mixed  # two lengths: padding is used
+    params = SamplingParams(k=3, max_new_tokens=24, seed=11)
+    drawn = []
+    for per_batch in (1, 6):
+        backend = load_backend(require_checkpoint(checkpoint, None),
+                               LoadSettings(device="cpu", sample_batch=3 * per_batch))  # fmt: skip
+        ids = [r.ids for r in render_prompts(prompts, backend.tokenizer, PromptSettings(),
+                                             backend.vision)]  # fmt: skip
+        drawn.append(backend.generate(ids, params, no_progress))
+    assert drawn[0] == drawn[1]
+    with torch.inference_mode():
+        _, together, _, _ = backend.prefill_together(ids)
+        alone = torch.cat([backend._prefill(prompt)[1] for prompt in ids])
+    torch.testing.assert_close(together, alone, atol=1e-4, rtol=0)
+
+
 # -- a scan, end to end ---------------------------------------------------------------
 
 

@@ -224,8 +224,7 @@ def compare_reports(
     else:
         reason = f"B did not lose input dependence relative to A beyond noise{tolerance}: {changes}"
     if "image_share" in deltas and deltas["image_share"].high < 0:
-        reason += (
-            "; B's reasoning leans less on the image than A's beyond noise: "
-            + _describe("image_share", deltas["image_share"])
+        reason += "; B's reasoning leans less on the image than A's beyond noise: " + _describe(
+            "image_share", deltas["image_share"]
         )
     return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

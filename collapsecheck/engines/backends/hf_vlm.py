@@ -167,13 +167,39 @@ class VisionLanguageBackend(TransformersBackend):
     def _sample_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
     ) -> list[list[Sample]]:
-        """Each prompt prefilled with its images on its own, its K samples decoded together."""
-        results = []
-        for prompt, seed in zip(prompts, seeds, strict=True):
-            cache, logits = self._prefill(prompt)
-            mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
-            position = torch.tensor(
-                [[len(prompt) - 1 + self.position_offset(prompt)]], device=self.device
-            )
-            results += self._decode(cache, logits, mask, position, params, [seed])
-        return results
+        """K samples for each of several prompts, prefilled together, decoded together."""
+        return self._decode(*self.prefill_together(prompts), params, seeds)
+
+    def prefill_together(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, ...]:
+        """One prefill of several prompts: each prompt's embeddings (image features in
+        place) and 3D positions built on their own, then left-padded as the text backend pads
+        ids. Returns the cache, each prompt's last logits, the mask and each prompt's last
+        position (what a text token's position continues from)."""
+        inputs = [self._model_inputs(prompt) for prompt in prompts]
+        width = max(len(prompt) for prompt in prompts)
+        embeds = torch.zeros(
+            (len(prompts), width, inputs[0]["inputs_embeds"].shape[-1]),
+            dtype=inputs[0]["inputs_embeds"].dtype, device=self.device,
+        )  # fmt: skip
+        positions = torch.zeros((3, len(prompts), width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+        ends = []
+        for row, (prompt, given) in enumerate(zip(prompts, inputs, strict=True)):
+            start = width - len(prompt)
+            embeds[row, start:] = given["inputs_embeds"][0]
+            positions[:, row, start:] = self._positions(given, len(prompt))
+            mask[row, start:] = 1
+            ends.append(len(prompt) - 1 + given["delta"])
+        out = self.model(
+            inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+            use_cache=True, logits_to_keep=1,
+        )  # fmt: skip
+        last = torch.tensor(ends, device=self.device)[:, None]
+        return out.past_key_values, out.logits[:, -1, :], mask, last
+
+    def _positions(self, inputs: dict[str, Any], length: int) -> torch.Tensor:
+        """A prompt's (3, length) positions: its images' 3D ones, or the text's index on all
+        three axes."""
+        if "position_ids" in inputs:
+            return inputs["position_ids"][:, 0]
+        return torch.arange(length, device=self.device).expand(3, length)

@@ -23,7 +23,8 @@ columns lit, every image token shows part of the state, and the model learns to 
 Also writes the prompt sets `examples/prompts/visual-gridworld.jsonl` (the text the same for
 every board) and `visual-gridworld-mixed.jsonl` (the state in the text too), their boards
 (`examples/prompts/boards/`) with the reward function's ground truth in each row, and
-`tests/fixtures/qwen2-vl-tiny/` (the same shapes, random weights: the exactness tests').
+`tests/fixtures/qwen2-vl-tiny/`, `qwen2.5-vl-tiny/` and `qwen3-vl-tiny/` (the same shapes in
+each Qwen-VL generation, random weights: the exactness tests').
 Seeded; about 20 minutes on 2 CPU cores.
 """
 
@@ -46,7 +47,15 @@ from make_fixtures import (
     user_message,
 )
 from PIL import Image, ImageDraw
-from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 GRID, CELL = 6, 14  # one 14-pixel patch per cell: an 84 x 84 board
@@ -66,7 +75,6 @@ PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
 # the same boards, each with its state also in the text: the image's share is measured there
 MIXED = EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl"
 BOARDS = EXAMPLES / "prompts" / "boards"
-TINY = EXAMPLES.parent / "tests" / "fixtures" / "qwen2-vl-tiny"
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -79,28 +87,60 @@ def image_processor() -> Qwen2VLImageProcessorPil:
     return Qwen2VLImageProcessorPil(min_pixels=side * side, max_pixels=side * side)
 
 
-def build_model(
-    tokenizer: PreTrainedTokenizerFast, seed: int = 0
-) -> Qwen2VLForConditionalGeneration:
+def language_config(tokenizer: PreTrainedTokenizerFast) -> dict:
+    return {
+        "vocab_size": len(tokenizer), "hidden_size": 96, "intermediate_size": 256,
+        "num_hidden_layers": 3, "num_attention_heads": 3, "num_key_value_heads": 1,
+        "max_position_embeddings": 1024, "tie_word_embeddings": True,
+        "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }  # fmt: skip
+
+
+# The tiny vision towers of the three Qwen-VL generations: 14-pixel patches merged 2x2.
+VISION_CONFIGS = {
+    "qwen2_vl": {"depth": 2, "embed_dim": 48, "num_heads": 2, "hidden_size": 96, "mlp_ratio": 2},
+    "qwen2_5_vl": {"depth": 2, "hidden_size": 48, "num_heads": 2, "intermediate_size": 96,
+                   "out_hidden_size": 96, "window_size": 56, "fullatt_block_indexes": [1]},
+    # Qwen3-VL adds deepstack: features of the tower's first block into the first layer
+    "qwen3_vl": {"depth": 2, "hidden_size": 48, "num_heads": 2, "intermediate_size": 96,
+                 "out_hidden_size": 96, "deepstack_visual_indexes": [0],
+                 "num_position_embeddings": 64},
+}  # fmt: skip
+MROPE = {
+    "qwen2_vl": {"type": "mrope", "mrope_section": [4, 6, 6]},
+    "qwen2_5_vl": {"type": "mrope", "mrope_section": [4, 6, 6]},
+    "qwen3_vl": {"rope_type": "default", "mrope_section": [4, 6, 6], "mrope_interleaved": True},
+}
+MODELS = {
+    "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
+    "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
+    "qwen3_vl": (Qwen3VLConfig, Qwen3VLForConditionalGeneration),
+}
+# the random checkpoints the exactness tests run on, one per generation
+TINY = {
+    "qwen2_vl": EXAMPLES.parent / "tests" / "fixtures" / "qwen2-vl-tiny",
+    "qwen2_5_vl": EXAMPLES.parent / "tests" / "fixtures" / "qwen2.5-vl-tiny",
+    "qwen3_vl": EXAMPLES.parent / "tests" / "fixtures" / "qwen3-vl-tiny",
+}
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, family: str = "qwen2_vl"):
     ids = tokenizer.convert_tokens_to_ids
-    config = Qwen2VLConfig(
-        text_config={
-            "vocab_size": len(tokenizer), "hidden_size": 96, "intermediate_size": 256,
-            "num_hidden_layers": 3, "num_attention_heads": 3, "num_key_value_heads": 1,
-            "max_position_embeddings": 1024, "rope_scaling": {"type": "mrope",
-            "mrope_section": [4, 6, 6]}, "tie_word_embeddings": True,
-            "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-        },
-        vision_config={
-            "depth": 2, "embed_dim": 48, "num_heads": 2, "hidden_size": 96, "mlp_ratio": 2,
-            "patch_size": CELL, "spatial_merge_size": 2, "temporal_patch_size": 2,
-        },
-        image_token_id=ids("<|image_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"), tie_word_embeddings=True,
+    text = language_config(tokenizer) | {"rope_scaling": MROPE[family]}
+    if family == "qwen3_vl":
+        text["head_dim"] = 32
+    vision = VISION_CONFIGS[family] | {
+        "patch_size": CELL, "spatial_merge_size": 2, "temporal_patch_size": 2,
+    }  # fmt: skip
+    config_class, model_class = MODELS[family]
+    config = config_class(
+        text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=True,
     )  # fmt: skip
     torch.manual_seed(seed)
-    return Qwen2VLForConditionalGeneration(config)
+    return model_class(config)
 
 
 def board(agent: tuple[int, int], goal: tuple[int, int]) -> Image.Image:
@@ -234,7 +274,8 @@ def main() -> None:
     args = parser.parse_args()
     write_prompts(16, seed=7)
     tokenizer, processor = build_tokenizer(), image_processor()
-    save(build_model(tokenizer), tokenizer, processor, TINY)
+    for family, directory in TINY.items():
+        save(build_model(tokenizer, family=family), tokenizer, processor, directory)
     for policy in args.train:
         model = build_model(tokenizer)
         train(model, tokenizer, processor, policy, args.steps or POLICIES[policy], seed=1)

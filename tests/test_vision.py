@@ -29,6 +29,13 @@ from tests.conftest import EXAMPLES, HEALTHY, ROOT
 
 # a random-initialised tiny Qwen2-VL-shaped checkpoint (scripts/make_vlm_fixtures.py)
 TINY = ROOT / "tests" / "fixtures" / "qwen2-vl-tiny"
+# the same tiny shapes in each Qwen-VL generation (scripts/make_vlm_fixtures.py): Qwen2.5-VL's
+# windowed vision tower, Qwen3-VL's deepstack features fed into the first layers
+FAMILIES = {
+    "qwen2_vl": TINY,
+    "qwen2_5_vl": ROOT / "tests" / "fixtures" / "qwen2.5-vl-tiny",
+    "qwen3_vl": ROOT / "tests" / "fixtures" / "qwen3-vl-tiny",
+}
 # the demo policies it trains from the same shapes: one reads the board, one ignores it
 VISION = EXAMPLES / "checkpoints" / "vision"
 PROMPTS = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
@@ -45,6 +52,15 @@ def invoke(*args):
 def backend():
     settings = LoadSettings(device="cpu")
     return load_backend(require_checkpoint(TINY, None), settings)  # the route a scan takes
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    """Each generation's tiny checkpoint, loaded as a scan loads it, with four prompts."""
+    checkpoint = require_checkpoint(FAMILIES[request.param], None)
+    backend = load_backend(checkpoint, LoadSettings(device="cpu"))
+    prompts = load_prompts(PROMPTS, num_prompts=4)
+    return backend, render_prompts(prompts, backend.tokenizer, PromptSettings(), backend.vision)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +95,18 @@ def test_a_bad_image_is_one_line_naming_the_row_before_any_model_loads(tmp_path,
     assert result.exit_code == 2
     assert f"{path}:1" in result.output and said in result.output
     assert "Traceback" not in result.output and "sampling" not in result.output
+
+
+def test_a_vision_language_family_the_backend_does_not_know_is_one_line(tmp_path):
+    """A LLaVA-style checkpoint (a vision tower, no Qwen-VL positions) is refused before any
+    weight loads, never scored with the wrong positions."""
+    checkpoint = tmp_path / "llava"
+    shutil.copytree(TINY, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps(config | {"model_type": "llava"}))
+    result = invoke("scan", checkpoint, *FAST)
+    assert result.exit_code == 2, result.output
+    assert f"{checkpoint}: a llava vision-language checkpoint" in " ".join(result.output.split())
 
 
 def test_a_text_only_checkpoint_refuses_prompts_with_images():
@@ -124,7 +152,8 @@ def requests_for(rendered, vocab: int):
     return out
 
 
-def test_cached_scorer_equals_a_plain_forward_pass_within_1e_4_nats(backend, rendered):
+def test_cached_scorer_equals_a_plain_forward_pass_within_1e_4_nats(family):
+    backend, rendered = family
     requests = requests_for(rendered, len(backend.tokenizer))
     cached = backend.loglikelihood(requests, no_progress)
     backend.scorer = "naive"
@@ -138,8 +167,10 @@ def test_cached_scorer_equals_a_plain_forward_pass_within_1e_4_nats(backend, ren
     assert any(image_token in r.continuation for r in requests)  # sampled, it stays text
 
 
-def test_the_plain_pass_is_the_models_own_forward_with_its_own_positions(backend, rendered):
-    """No positions given: the model computes its 3D positions from the image tokens."""
+def test_the_plain_pass_is_the_models_own_forward_with_its_own_positions(family):
+    """No positions given: the model computes its 3D positions from the image tokens (and
+    Qwen3-VL its deepstack features from the pixels)."""
+    backend, rendered = family
     image_token = backend.model.config.image_token_id
     requests = requests_for(rendered, len(backend.tokenizer))
     # a sampled image token the model itself would read as an image: not here
@@ -172,7 +203,7 @@ def test_sampling_is_seeded_per_prompt(backend, rendered):
     assert first == again and len(first) == 2 and all(len(g) == 3 for g in first)
 
 
-@pytest.mark.parametrize("checkpoint", [TINY, VISION / "grounded"])
+@pytest.mark.parametrize("checkpoint", [*FAMILIES.values(), VISION / "grounded"])
 def test_prompts_decoded_together_draw_the_traces_each_draws_alone(checkpoint):
     """--sample-batch does not change the numbers: several prompts of two lengths with their
     images, left-padded into one prefill, sample what each samples on its own (the random tiny model

@@ -25,12 +25,31 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams, ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend, token_logprobs
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import ImageSlots, PromptImage
 from collapsecheck.settings import LoadSettings
+
+DEEPSTACK = "deepstack_visual_embeds"
+# The model types whose image features and 3D positions this backend places, each tested
+# exact against the model's own forward (tests/test_vision.py); others are refused.
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+def require_family(checkpoint: Any) -> None:
+    """A vision-language checkpoint of a family this backend knows, before any weight loads."""
+    import json
+
+    config = json.loads((Path(checkpoint.config_dir) / "config.json").read_text(encoding="utf-8"))
+    kind = config.get("model_type")
+    if kind not in FAMILIES:
+        raise CollapsecheckError(
+            f"{checkpoint.path}: a {kind} vision-language checkpoint; collapsecheck scores "
+            f"images for {', '.join(FAMILIES)} only (docs/vision.md)"
+        )
 
 
 class Vision:
@@ -106,6 +125,7 @@ class VisionLanguageBackend(TransformersBackend):
     def from_checkpoint(
         cls, checkpoint: Any, settings: LoadSettings | None = None, scorer: str | None = "cached"
     ) -> VisionLanguageBackend:
+        require_family(checkpoint)
         checkpoint, model, tokenizer, options = cls.load_parts(checkpoint, settings, scorer)
         return cls(model, tokenizer, Vision.of(checkpoint.config_dir, model), **options)
 
@@ -130,12 +150,30 @@ class VisionLanguageBackend(TransformersBackend):
         embeds[is_image] = torch.cat(features.pooler_output).to(embeds.dtype)
         placeholders = tokens.masked_fill(is_image, self.vision.image_token_id)
         positions, delta = self.model.model.get_rope_index(placeholders, is_image.int(), grids)
-        return {"inputs_embeds": embeds, "position_ids": positions, "delta": int(delta.item())}
+        inputs = {"inputs_embeds": embeds, "position_ids": positions, "delta": int(delta.item())}
+        deepstack = getattr(features, "deepstack_features", None)
+        if deepstack:  # Qwen3-VL: features of the vision tower's middle layers too
+            inputs["visual_pos_masks"] = is_image
+            inputs[DEEPSTACK] = [torch.cat(layer).to(embeds.dtype) for layer in deepstack]
+        return inputs
+
+    def _forward(self, inputs: dict[str, Any], **call: Any) -> Any:
+        """The model on prepared embeddings. Deepstack features (Qwen3-VL: image features
+        added to the first layers' hidden states at the image's tokens) go to its language
+        model directly: the model's own forward takes them from pixel values only."""
+        if DEEPSTACK not in inputs:
+            return self.model(**inputs, **call)
+        keep = call.pop("logits_to_keep", 0)
+        out = self.model.model.language_model(**inputs, **call)
+        hidden = out.last_hidden_state[:, -keep:] if keep else out.last_hidden_state
+        return CausalLMOutputWithPast(
+            logits=self.model.lm_head(hidden), past_key_values=out.past_key_values
+        )
 
     def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
         inputs = self._model_inputs(context)
         self._offsets[tuple(context)] = inputs.pop("delta")
-        out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+        out = self._forward(inputs, use_cache=True, logits_to_keep=1)
         return out.past_key_values, out.logits[:, -1, :]
 
     def position_offset(self, context: Sequence[int]) -> int:
@@ -156,7 +194,7 @@ class VisionLanguageBackend(TransformersBackend):
             row = request.context + request.continuation
             inputs = self._model_inputs(row)
             inputs.pop("delta")
-            logits = self.model(**inputs).logits[0, :-1]
+            logits = self._forward(inputs).logits[0, :-1]
             targets = torch.tensor(row[1:], device=self.device).clamp(min=0)
             logprobs = token_logprobs(logits[None], targets[None])[0]
             out[index] = float(
@@ -183,17 +221,23 @@ class VisionLanguageBackend(TransformersBackend):
         )  # fmt: skip
         positions = torch.zeros((3, len(prompts), width), dtype=torch.long, device=self.device)
         mask = torch.zeros((len(prompts), width), dtype=torch.long, device=self.device)
+        visual = torch.zeros((len(prompts), width), dtype=torch.bool, device=self.device)
         ends = []
         for row, (prompt, given) in enumerate(zip(prompts, inputs, strict=True)):
             start = width - len(prompt)
             embeds[row, start:] = given["inputs_embeds"][0]
             positions[:, row, start:] = self._positions(given, len(prompt))
             mask[row, start:] = 1
+            visual[row, start:] = torch.tensor(prompt, device=self.device) < 0
             ends.append(len(prompt) - 1 + given["delta"])
-        out = self.model(
-            inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-            use_cache=True, logits_to_keep=1,
-        )  # fmt: skip
+        batch = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
+        deepstack = [given[DEEPSTACK] for given in inputs if DEEPSTACK in given]
+        if deepstack:  # each layer's features, row after row, as the mask reads them
+            batch |= {
+                "visual_pos_masks": visual,
+                DEEPSTACK: [torch.cat(f) for f in zip(*deepstack, strict=True)],
+            }
+        out = self._forward(batch, use_cache=True, logits_to_keep=1)
         last = torch.tensor(ends, device=self.device)[:, None]
         return out.past_key_values, out.logits[:, -1, :], mask, last
 

@@ -549,3 +549,76 @@ def test_the_gate_fails_a_policy_whose_image_share_is_below_its_minimum(tmp_path
     unmeasured = scan_tiny(moved_prompt_set(tmp_path), "--config", config)
     assert unmeasured.exit_code == 2
     assert "min.image_share: this report has no metric image_share" in unmeasured.output
+
+
+# -- TRL's formats ---------------------------------------------------------------------
+
+
+BOARDS = [PROMPTS.parent / "boards" / f"{i:02d}.png" for i in range(4)]
+SYSTEM = "grid agent. the board is in the image."  # the JSONL prompt set's system message
+
+
+def trl_prompt_set(tmp_path, structured: bool):
+    """A prompt set as TRL's vision-language datasets hold one, written by `datasets`: either
+    string messages and an `image` column (TRL puts the image before the user's text), or
+    messages with `{"type": "image"}` parts and an `images` column filling them in order."""
+    from datasets import Dataset, Features, Image, Sequence, Value
+
+    if structured:
+        parts = [{"type": "image", "text": None}, {"type": "text", "text": "your move?"}]
+        system = [{"type": "text", "text": SYSTEM}]
+        prompt = [{"role": "system", "content": system}, {"role": "user", "content": parts}]
+        part = {"type": Value("string"), "text": Value("string")}
+        rows = {"prompt": [prompt] * 4, "images": [[str(b)] for b in BOARDS]}
+        features = {"prompt": [{"role": Value("string"), "content": [part]}],
+                    "images": Sequence(Image())}  # fmt: skip
+    else:
+        prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "your move?"}]
+        rows = {"prompt": [prompt] * 4,
+                "image": [str(b) for b in BOARDS]}  # fmt: skip
+        features = {"prompt": [{"role": Value("string"), "content": Value("string")}],
+                    "image": Image()}  # fmt: skip
+    path = tmp_path / "train.parquet"
+    Dataset.from_dict(rows, features=Features(features)).to_parquet(str(path))
+    return path
+
+
+@pytest.mark.parametrize("structured", [False, True], ids=["image-column", "image-parts"])
+def test_trl_vision_datasets_render_each_row_with_its_board(tmp_path, backend, structured):
+    prompts = load_prompts(trl_prompt_set(tmp_path, structured))
+    rendered = render_prompts(prompts, backend.tokenizer, PromptSettings(), backend.vision)
+    # the same boards as the JSONL prompt set's (image first, then the text): the same ids
+    jsonl = render_prompts(load_prompts(PROMPTS, num_prompts=4), backend.tokenizer,
+                           PromptSettings(), backend.vision)  # fmt: skip
+    assert [r.ids for r in rendered] == [r.ids for r in jsonl]
+
+
+def test_trl_completion_logs_of_a_vision_run_are_one_line(tmp_path):
+    """TRL 1.16 logs a vision-language run's prompts with `strip_images_from_messages`: the
+    image parts keep no image and no column holds them, so they cannot be scored."""
+    import pandas as pd
+    from PIL import Image as PILImage
+    from trl.data_utils import prepare_multimodal_messages
+    from trl.trainer.utils import strip_images_from_messages
+
+    prompts = [
+        prepare_multimodal_messages(
+            [{"role": "user", "content": "your move?"}], [PILImage.open(board)]
+        )
+        for board in BOARDS
+    ]
+    completion = [{"role": "assistant", "content": "<think>up</think><answer>up</answer>"}]
+    table = {
+        "step": [2] * 4,
+        "prompt": [strip_images_from_messages(m) for m in prompts],
+        "completion": [strip_images_from_messages(completion)] * 4,
+        "answered": [1.0] * 4,
+        "advantage": [0.0] * 4,
+    }
+    path = tmp_path / "completions" / "completions_00002.parquet"
+    path.parent.mkdir()
+    pd.DataFrame(table).to_parquet(path)
+    result = invoke("score", path, "--checkpoint", TINY, "--device", "cpu")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "an image part names no image file and the row has no image left" in said

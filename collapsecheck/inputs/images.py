@@ -90,9 +90,12 @@ def check_image(image: PromptImage, where: str) -> None:
         ) from None
 
 
-def message_parts(content: list[Any], base: Path, where: str) -> list[dict[str, Any]]:
+def message_parts(
+    content: list[Any], base: Path, where: str, row_images: list[PromptImage]
+) -> list[dict[str, Any]]:
     """A message's list of parts, each checked: text parts keep their text, image parts
-    carry the image read from its file."""
+    carry the image read from its file, or, where they name none, the row's next image
+    (TRL's datasets: `{"type": "image"}` placeholders and an `images` column)."""
     parts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
@@ -100,13 +103,14 @@ def message_parts(content: list[Any], base: Path, where: str) -> list[dict[str, 
             parts.append({"type": "text", "text": part["text"]})
         elif kind in ("image", "image_url"):
             reference = _image_reference(part)
-            if reference is None:  # TRL's completion logs keep {"type": "image"} alone
+            if reference is None and not row_images:  # TRL's completion logs: {"type": "image"}
                 raise CollapsecheckError(
-                    f"{where}: an image part names no image file (TRL's completion logs drop a "
-                    "vision-language run's images: scan its checkpoints with --sample and a "
-                    "prompt file whose image parts name their files)"
+                    f"{where}: an image part names no image file and the row has no image left "
+                    "to fill it (TRL's completion logs drop a vision-language run's images: scan "
+                    "its checkpoints with --sample and its prompt set)"
                 )
-            parts.append({"type": "image", "image": read_image(reference, base, where)})
+            image = row_images.pop(0) if reference is None else read_image(reference, base, where)
+            parts.append({"type": "image", "image": image})
         else:
             raise CollapsecheckError(
                 f"{where}: a message part must be {{'type': 'text', 'text': ...}} or "
@@ -130,6 +134,33 @@ def split_placeholders(text: str, images: list[PromptImage], where: str) -> list
         if piece:
             parts.append({"type": "text", "text": piece})
     return parts
+
+
+def with_leading_images(messages: list[Any], count: int) -> list[Any]:
+    """TRL's convention for string messages and an image column: the images go before the
+    first user message's text, as `{"type": "image"}` parts (`prepare_multimodal_messages`)."""
+    out, placed = [], False
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not placed and message.get("role") == "user" and isinstance(content, str):
+            parts = [{"type": "image"}] * count + [{"type": "text", "text": content}]
+            message, placed = {**message, "content": parts}, True
+        out.append(message)
+    return out
+
+
+def has_image_places(messages: list[Any]) -> bool:
+    """Whether the messages say where images go: `<image>` placeholders (veRL) or image
+    parts (chat templates, TRL)."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) and "<image>" in content:
+            return True
+        if isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") in ("image", "image_url") for p in content
+        ):
+            return True
+    return False
 
 
 def images_of(content: Any) -> list[PromptImage]:

@@ -72,12 +72,23 @@ def _decode_lines(path: Path) -> list[str]:
 
 def _messages(value: Any, where: str, base: Path, images: list[Any] | None = None) -> Messages:
     """Chat messages, checked: string contents (with veRL's `<image>` placeholders taking
-    the row's `images` in order), or lists of text and image parts (`inputs.images`)."""
-    from collapsecheck.inputs.images import message_parts, read_image, split_placeholders
+    the row's `images` in order), or lists of text and image parts (`inputs.images`; parts
+    that name no file take the row's images in order, as TRL fills them). Where the messages
+    say nowhere where the row's images go, they go before the first user message's text, as
+    TRL puts them."""
+    from collapsecheck.inputs.images import (
+        has_image_places,
+        message_parts,
+        read_image,
+        split_placeholders,
+        with_leading_images,
+    )
 
     if not isinstance(value, list) or not value:
         raise CollapsecheckError(f"{where}: chat messages must be a non-empty list")
     row_images = [read_image(_embedded(i), base, where) for i in images or []]
+    if row_images and not has_image_places(value):
+        value = with_leading_images(value, len(row_images))
     messages: Messages = []
     for message in value:
         content = message.get("content") if isinstance(message, dict) else None
@@ -89,13 +100,14 @@ def _messages(value: Any, where: str, base: Path, images: list[Any] | None = Non
                 "or a list of text and image parts)"
             )
         if isinstance(content, list):
-            content = message_parts(content, base, where)
+            content = message_parts(content, base, where, row_images)
         elif row_images and "<image>" in content:
             content = split_placeholders(content, row_images, where)
         messages.append({"role": message["role"], "content": content})
     if row_images:
         raise CollapsecheckError(
-            f"{where}: {len(row_images)} of the row's images have no <image> placeholder"
+            f"{where}: {len(row_images)} of the row's images have no place in the messages (an "
+            "<image> placeholder or an image part each)"
         )
     return messages
 
@@ -120,7 +132,14 @@ def prompt_from_row(row: Any, field: str | None, where: str, base: Path) -> str 
         if not value.strip():
             raise CollapsecheckError(f"{where}: the {name!r} field is empty")
         return value
-    return _messages(value, f"{where} ({name!r})", base, row.get("images"))
+    return _messages(value, f"{where} ({name!r})", base, image_column(row))
+
+
+def image_column(row: Any) -> list[Any] | None:
+    """A row's image column: `images` (veRL, TRL), or TRL's single `image`."""
+    if row.get("images") is not None:
+        return list(row["images"])
+    return [row["image"]] if row.get("image") is not None else None
 
 
 def plain_value(value: Any) -> Any:

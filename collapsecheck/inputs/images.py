@@ -261,3 +261,35 @@ def images_digest(prompts: Sequence[Any]) -> str | None:
     keys the results cache beside the prompt file, which holds only the images' paths."""
     hashes = [image.sha256 for prompt in prompts for image in images_of(prompt.content)]
     return hashlib.sha256("".join(hashes).encode()).hexdigest() if hashes else None
+
+
+def with_image_files(messages: Any, folder: Path) -> Any:
+    """Messages whose image parts hold image objects (TRL keeps PIL images in its log) with
+    each image saved under `folder` as PNG, by its hash, and named by its path relative to
+    the folder's parent: what a rollout file beside that folder can name."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = [_image_file_part(part, folder) for part in content]
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+def _image_file_part(part: Any, folder: Path) -> Any:
+    image = part.get("image") if isinstance(part, dict) and part.get("type") == "image" else None
+    if image is None or not hasattr(image, "save"):
+        return part
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    data = buffer.getvalue()
+    name = hashlib.sha256(data).hexdigest()
+    path = folder / name
+    if not path.is_file():
+        from collapsecheck.files import write_atomic
+
+        write_atomic(path, "wb", lambda stream: stream.write(data))
+    return {**part, "image": f"{folder.name}/{name}"}

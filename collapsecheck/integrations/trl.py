@@ -13,6 +13,10 @@ either source:
 - a fixed probe set: K responses sampled for each probe prompt and judged as `collapsecheck
   scan` does, the same prompts at every step, so the numbers compare along the run.
 
+A vision-language policy (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) works the same: TRL keeps the step's
+prompts with their images, which are saved beside the completions and scored under (see
+docs/vision.md).
+
 Settings by name as for `scan` (`k=8`, `num_prompts=32`, `no_flow=True`, ...). Then:
 
 - RAGEN-2's keys under `collapse/` (`Report.scalars`) go through the trainer's own `log`,
@@ -48,16 +52,19 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from collapsecheck.config import GateConfig, parse_fail_on
 from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.hf_vlm import Vision, VisionLanguageBackend
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
+from collapsecheck.inputs.images import with_image_files
 from collapsecheck.inputs.trainer_rollouts.trl_completions import completion_row
 from collapsecheck.measures.flow import FlowThresholds
 from collapsecheck.measures.verdict import Thresholds
+from collapsecheck.reports.dump import IMAGES_DIR
 from collapsecheck.reports.gate import check_report, failures
 from collapsecheck.reports.report import Report
 from collapsecheck.runs.diagnose import read_prompt_set, scan, score
 from collapsecheck.setting_checks import checked
-from collapsecheck.settings import Settings, resolve_settings
+from collapsecheck.settings import LoadSettings, Settings, resolve_settings
 
 __all__ = ["CollapseCallback"]
 
@@ -69,6 +76,16 @@ COMPLETIONS = "completions.jsonl"  # in step-N/: the step's own completions, as 
 def tokenizer_of(processing_class: Any) -> Any:
     """A processor's tokenizer, or the tokenizer itself."""
     return getattr(processing_class, "tokenizer", processing_class)
+
+
+def live_backend(model: Any, processing_class: Any, load: LoadSettings) -> TransformersBackend:
+    """The live policy behind the two operations; a vision-language policy (a vision tower in
+    its config) gets the vision-language backend, with its processor's image processor."""
+    options = {"batch_tokens": load.batch_tokens, "sample_batch": load.sample_batch}
+    tokenizer = tokenizer_of(processing_class)
+    if getattr(model.config, "vision_config", None) is None:
+        return TransformersBackend(model, tokenizer, **options)
+    return VisionLanguageBackend(model, tokenizer, Vision.live(model, processing_class), **options)
 
 
 def sharded(trainer: Any) -> str | None:
@@ -94,9 +111,8 @@ def from_rank_zero(payload: Any) -> Any:
     return box[0]
 
 
-def step_completions(trainer: Any) -> list[dict[str, Any]]:
-    """The trainer's latest generation batch as rollout rows (all processes' rows: TRL gathers
-    them): what TRL's GRPOTrainer keeps in `_logs` for its completions log."""
+def require_completions(trainer: Any) -> tuple[dict[str, Any], list[str]]:
+    """The trainer's completions log and its reward functions' names, or why there are none."""
     logs = getattr(trainer, "_logs", None)
     names = getattr(trainer, "reward_func_names", None)
     if not (isinstance(logs, dict) and {"prompt", "completion", "rewards"} <= set(logs) and names):
@@ -104,11 +120,21 @@ def step_completions(trainer: Any) -> list[dict[str, Any]]:
             f"{type(trainer).__name__} keeps no completions a callback can read (TRL's "
             "GRPOTrainer does): give CollapseCallback probe_prompts to sample from"
         )
+    return logs, names
+
+
+def step_completions(trainer: Any, images: Path) -> list[dict[str, Any]]:
+    """The trainer's latest generation batch as rollout rows (all processes' rows: TRL gathers
+    them): what TRL's GRPOTrainer keeps in `_logs` for its completions log. A vision-language
+    run's prompts hold their images (PIL): each is saved under `images`, and the row names
+    it there."""
+    logs, names = require_completions(trainer)
     weights = dict(zip(names, (float(w) for w in trainer.reward_weights), strict=True))
     source = f"{type(trainer).__name__}'s latest completions"
     rows = []
     for i, (prompt, completion) in enumerate(zip(logs["prompt"], logs["completion"], strict=True)):
         rewards = {name: float(logs["rewards"][name][i]) for name in names}
+        prompt = with_image_files(prompt, images)
         rows.append(completion_row(prompt, completion, rewards, weights, f"{source}, row {i + 1}"))
     return rows
 
@@ -155,7 +181,7 @@ class CollapseCallback(TrainerCallback):
         if self.probe is not None:
             read_prompt_set(self.probe, self.settings)  # a bad probe file fails now
         else:
-            step_completions(trainer)  # a trainer that keeps no completions fails now
+            require_completions(trainer)  # a trainer that keeps no completions fails now
         regimes = "none" if fail_on is None else fail_on
         self.gate = GateConfig(
             thresholds=thresholds or Thresholds(),
@@ -220,15 +246,11 @@ class CollapseCallback(TrainerCallback):
         }  # fmt: skip
         name = f"{args.output_dir} at step {step} (live policy)"
         try:
-            backend = TransformersBackend(
-                model, tokenizer_of(self.trainer.processing_class),
-                batch_tokens=self.settings.load.batch_tokens,
-                sample_batch=self.settings.load.sample_batch,
-            )  # fmt: skip
+            backend = live_backend(model, self.trainer.processing_class, self.settings.load)
             if self.probe is not None:
                 report = scan(name, self.probe, self.settings, loaded=backend, **common)
             else:
-                rows = step_completions(self.trainer)
+                rows = step_completions(self.trainer, dump / IMAGES_DIR)
                 text = "".join(json.dumps(row, default=str) + "\n" for row in rows)
                 completions = write_text_atomic(dump / COMPLETIONS, text)
                 report = score(name, completions, self.settings, loaded=backend, **common)

@@ -44,11 +44,14 @@ def require_family(checkpoint: Any) -> None:
     import json
 
     config = json.loads((Path(checkpoint.config_dir) / "config.json").read_text(encoding="utf-8"))
-    kind = config.get("model_type")
+    require_model_type(config.get("model_type"), checkpoint.path)
+
+
+def require_model_type(kind: str | None, where: Any) -> None:
     if kind not in FAMILIES:
         raise CollapsecheckError(
-            f"{checkpoint.path}: a {kind} vision-language checkpoint; collapsecheck scores "
-            f"images for {', '.join(FAMILIES)} only (docs/vision.md)"
+            f"{where}: a {kind} vision-language checkpoint; collapsecheck scores images for "
+            f"{', '.join(FAMILIES)} only (docs/vision.md)"
         )
 
 
@@ -69,6 +72,19 @@ class Vision:
             image_processor(path),
             int(model.config.image_token_id),
             int(model.config.vision_config.spatial_merge_size),
+        )
+
+    @classmethod
+    def live(cls, model: Any, processing_class: Any) -> Vision:
+        """A model in memory (a trainer's): its processor's image processor where the trainer
+        has one, else the one saved beside its weights (`model.name_or_path`)."""
+        require_model_type(model.config.model_type, type(model).__name__)
+        processor = getattr(processing_class, "image_processor", None)
+        if processor is None:
+            processor = image_processor(Path(model.name_or_path))
+        config = model.config
+        return cls(
+            processor, int(config.image_token_id), int(config.vision_config.spatial_merge_size)
         )
 
     def pixels(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:

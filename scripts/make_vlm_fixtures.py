@@ -23,8 +23,8 @@ columns lit, every image token shows part of the state, and the model learns to 
 Also writes the prompt sets `examples/prompts/visual-gridworld.jsonl` (the text the same for
 every board) and `visual-gridworld-mixed.jsonl` (the state in the text too), their boards
 (`examples/prompts/boards/`) with the reward function's ground truth in each row, and
-`tests/fixtures/qwen2-vl-tiny/`, `qwen2.5-vl-tiny/` and `qwen3-vl-tiny/` (the same shapes in
-each Qwen-VL generation, random weights: the exactness tests').
+`tests/fixtures/qwen2-vl-tiny/`, `qwen2.5-vl-tiny/`, `qwen3-vl-tiny/` and `qwen3-vl-moe-tiny/`
+(the same shapes in each Qwen-VL generation, random weights: the exactness tests').
 Seeded; about 20 minutes on 2 CPU cores.
 """
 
@@ -55,6 +55,8 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
 )
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -107,29 +109,39 @@ VISION_CONFIGS = {
                  "out_hidden_size": 96, "deepstack_visual_indexes": [0],
                  "num_position_embeddings": 64},
 }  # fmt: skip
+VISION_CONFIGS["qwen3_vl_moe"] = VISION_CONFIGS["qwen3_vl"]  # the same tower, an MoE language model
+# beyond the shared language config: Qwen3-VL's head size, and the MoE's experts
+TEXT_EXTRAS = {
+    "qwen3_vl": {"head_dim": 32},
+    "qwen3_vl_moe": {"head_dim": 32, "moe_intermediate_size": 64, "num_experts": 4,
+                     "num_experts_per_tok": 2, "decoder_sparse_step": 1},
+}  # fmt: skip
 MROPE = {
     "qwen2_vl": {"type": "mrope", "mrope_section": [4, 6, 6]},
     "qwen2_5_vl": {"type": "mrope", "mrope_section": [4, 6, 6]},
     "qwen3_vl": {"rope_type": "default", "mrope_section": [4, 6, 6], "mrope_interleaved": True},
 }
+MROPE["qwen3_vl_moe"] = MROPE["qwen3_vl"]
 MODELS = {
     "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
     "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
     "qwen3_vl": (Qwen3VLConfig, Qwen3VLForConditionalGeneration),
+    "qwen3_vl_moe": (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration),
 }
 # the random checkpoints the exactness tests run on, one per generation
 TINY = {
     "qwen2_vl": EXAMPLES.parent / "tests" / "fixtures" / "qwen2-vl-tiny",
     "qwen2_5_vl": EXAMPLES.parent / "tests" / "fixtures" / "qwen2.5-vl-tiny",
     "qwen3_vl": EXAMPLES.parent / "tests" / "fixtures" / "qwen3-vl-tiny",
+    "qwen3_vl_moe": EXAMPLES.parent / "tests" / "fixtures" / "qwen3-vl-moe-tiny",
 }
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0, family: str = "qwen2_vl"):
     ids = tokenizer.convert_tokens_to_ids
-    text = language_config(tokenizer) | {"rope_scaling": MROPE[family]}
-    if family == "qwen3_vl":
-        text["head_dim"] = 32
+    text = (
+        language_config(tokenizer) | {"rope_scaling": MROPE[family]} | TEXT_EXTRAS.get(family, {})
+    )
     vision = VISION_CONFIGS[family] | {
         "patch_size": CELL, "spatial_merge_size": 2, "temporal_patch_size": 2,
     }  # fmt: skip

@@ -30,11 +30,13 @@ from tests.conftest import EXAMPLES, HEALTHY, ROOT
 # a random-initialised tiny Qwen2-VL-shaped checkpoint (scripts/make_vlm_fixtures.py)
 TINY = ROOT / "tests" / "fixtures" / "qwen2-vl-tiny"
 # the same tiny shapes in each Qwen-VL generation (scripts/make_vlm_fixtures.py): Qwen2.5-VL's
-# windowed vision tower, Qwen3-VL's deepstack features fed into the first layers
+# windowed vision tower, Qwen3-VL's deepstack features fed into the first layers, and its
+# mixture-of-experts language model
 FAMILIES = {
     "qwen2_vl": TINY,
     "qwen2_5_vl": ROOT / "tests" / "fixtures" / "qwen2.5-vl-tiny",
     "qwen3_vl": ROOT / "tests" / "fixtures" / "qwen3-vl-tiny",
+    "qwen3_vl_moe": ROOT / "tests" / "fixtures" / "qwen3-vl-moe-tiny",
 }
 # the demo policies it trains from the same shapes: one reads the board, one ignores it
 VISION = EXAMPLES / "checkpoints" / "vision"

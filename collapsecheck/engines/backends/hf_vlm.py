@@ -36,7 +36,7 @@ from collapsecheck.settings import LoadSettings
 DEEPSTACK = "deepstack_visual_embeds"
 # The model types whose image features and 3D positions this backend places, each tested
 # exact against the model's own forward (tests/test_vision.py); others are refused.
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
 def require_family(checkpoint: Any) -> None:

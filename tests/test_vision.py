@@ -624,3 +624,46 @@ def test_trl_completion_logs_of_a_vision_run_are_one_line(tmp_path):
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())
     assert "an image part names no image file and the row has no image left" in said
+
+
+# -- veRL's rollout dumps of a vision-language run -------------------------------------
+
+
+def verl_dump(tmp_path, backend, prompt_file):
+    """A veRL rollout dump (`trainer.rollout_data_dir`) as veRL writes one for a vision run:
+    each input decoded with special tokens skipped, so the image's tokens are gone."""
+    prompts = load_prompts(prompt_file, num_prompts=4)
+    rendered = render_prompts(prompts, backend.tokenizer, PromptSettings(), backend.vision)
+    lines = []
+    for r in rendered:
+        decoded = backend.tokenizer.decode([t for t in r.ids if t >= 0], skip_special_tokens=True)
+        for move in ("up", "left"):
+            output = f"<think>the board, so {move}</think><answer>{move}</answer>"
+            row = {"input": decoded, "output": output, "score": float(move == "up"), "step": 1}
+            lines.append(json.dumps(row))
+    path = tmp_path / "rollouts" / "1.jsonl"
+    path.parent.mkdir()
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_verl_inputs_of_a_vision_run_are_matched_to_their_rows_and_boards(tmp_path, backend):
+    mixed = EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl"
+    out = tmp_path / "report.json"
+    result = invoke("score", verl_dump(tmp_path, backend, mixed), "--checkpoint", TINY,
+                    "--prompts", mixed, "--device", "cpu", "--bootstrap", "100",
+                    "--fail-on", "none", "--json", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["settings"]["prompt_matching"].startswith("4 of 4 inputs matched a row")
+    assert report["settings"]["images"]["prompts_with_images"] == 4  # scored under the boards
+
+
+def test_verl_inputs_that_several_boards_decode_to_are_not_matched_to_one(tmp_path, backend):
+    """Every board's prompt decodes to the same text once veRL drops the image's tokens:
+    which board an input had is unknown, so none is picked, and the note says why."""
+    result = invoke("score", verl_dump(tmp_path, backend, PROMPTS), "--checkpoint", TINY,
+                    "--prompts", PROMPTS, "--device", "cpu", "--fail-on", "none")  # fmt: skip
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2  # one decoded input left: nothing to cross-score
+    assert "decode as several rows that differ in what decoding drops" in said, said

@@ -217,36 +217,53 @@ def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
 
 
 def match_decoded_inputs(
-    parsed: ParsedRollouts, source: Path, tokenizer: Any, rendering: PromptSettings
-) -> ParsedRollouts:
+    parsed: ParsedRollouts, source: Path, tokenizer: Any, rendering: PromptSettings,
+    vision: Any = None,
+) -> ParsedRollouts:  # fmt: skip
     """veRL's dumps hold each prompt decoded with special tokens skipped, not the context the
-    policy saw. Each training prompt is rendered as the trainer renders it and decoded the
-    same way; a group whose input equals one takes that training row as its prompt (rendered
-    exactly, chat markers and all). The settings say how many matched."""
+    policy saw. Each training prompt is rendered as the trainer renders it (with its images,
+    `vision`: the backend's) and decoded the same way; a group whose input equals one takes
+    that training row as its prompt (rendered exactly, chat markers and images and all). An
+    input that several rows decode to, rows that differ in what decoding drops (their images,
+    say: veRL's dumps keep none), cannot say which it was: it keeps its decoded text. The
+    settings say how many matched, and why the others did not."""
     training = load_prompts(source, field=rendering.prompt_field)
-    by_text: dict[str, Prompt] = {}
+    rows: dict[str, dict[tuple[Any, ...], Prompt]] = {}
     for prompt, rendered in zip(
-        training, render_prompts(training, tokenizer, rendering), strict=True
+        training, render_prompts(training, tokenizer, rendering, vision), strict=True
     ):
-        by_text.setdefault(tokenizer.decode(list(rendered.ids), skip_special_tokens=True), prompt)
-    groups, matched = [], 0
+        text = tokenizer.decode([t for t in rendered.ids if t >= 0], skip_special_tokens=True)
+        rows.setdefault(text, {}).setdefault(rendered.identity, prompt)
+    groups, matched, ambiguous = [], 0, 0
     for group in parsed.groups:
-        row = (
-            by_text.get(group[0].prompt.content)
-            if isinstance(group[0].prompt.content, str)
-            else None
-        )
+        content = group[0].prompt.content
+        candidates = rows.get(content, {}) if isinstance(content, str) else {}
+        row = next(iter(candidates.values())) if len(candidates) == 1 else None
         matched += row is not None
+        ambiguous += len(candidates) > 1
         # an unmatched input keeps its decoded text and has no row of the training file
         prompt = row or dataclasses.replace(group[0].prompt, number=None)
         groups.append([dataclasses.replace(t, prompt=prompt) for t in group])
-    note = (
-        f"{matched} of {len(groups)} inputs matched a row of {source} and are scored in the "
-        "context the trainer rendered from it"
-        + ("; the others as their decoded text" if matched < len(groups) else "")
-    )
-    settings = {**parsed.settings, "prompt_matching": note}
+    settings = {
+        **parsed.settings,
+        "prompt_matching": matching_note(matched, ambiguous, len(groups), source),
+    }
     return ParsedRollouts(groups, parsed.rewards, settings)
+
+
+def matching_note(matched: int, ambiguous: int, total: int, source: Path) -> str:
+    note = (
+        f"{matched} of {total} inputs matched a row of {source} and are scored in the "
+        "context the trainer rendered from it"
+    )
+    if ambiguous:
+        note += (
+            f"; {ambiguous} decode as several rows that differ in what decoding drops (their "
+            "images: veRL's dumps keep none), so which one is unknown"
+        )
+    if matched < total:
+        note += "; the unmatched are scored as their decoded text"
+    return note
 
 
 def read_rollouts(

@@ -282,9 +282,13 @@ def read_prompt_set(path: Path, settings: Settings) -> list[Prompt]:
     return prompts
 
 
-def require_two_prompts(count: int, source: str | Path) -> None:
+def require_two_prompts(count: int, source: str | Path, note: str | None = None) -> None:
+    """At least two prompts to cross-score; `note`: what the reading of them said, if any."""
     if count < 2:
-        raise CollapsecheckError(f"{source}: cross-scoring needs at least 2 prompts, found {count}")
+        raise CollapsecheckError(
+            f"{source}: cross-scoring needs at least 2 prompts, found {count}"
+            + (f" ({note})" if note else "")
+        )
 
 
 # -- sampling ----------------------------------------------------------------------------
@@ -508,7 +512,7 @@ def rollouts_for(
     matched to the training file's rows where one is named."""
     if parsed is not None and training_prompts is not None:
         parsed = match_decoded_inputs(
-            parsed, Path(training_prompts), model.tokenizer, settings.prompts
+            parsed, Path(training_prompts), model.tokenizer, settings.prompts, vision_of(model)
         )
     return read_rollouts(
         rollouts, model.tokenizer, options, settings.prompts, parsed, vision_of(model)
@@ -781,7 +785,7 @@ def score(
     with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
         data = rollouts_for(model, rollouts, options, settings, parsed, training_prompts)
-        require_two_prompts(len(data.prompts), rollouts)
+        require_two_prompts(len(data.prompts), rollouts, data.settings.get("prompt_matching"))
         prepared = prepare_rollouts(data, model, settings)
         with holding(dump) as dump_dir:
             diagnosis = Diagnosis(

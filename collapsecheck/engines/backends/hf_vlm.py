@@ -1,7 +1,10 @@
-"""Vision-language policies (Qwen2-VL, Qwen2.5-VL) behind the transformers backend's two
-operations. A rendered prompt's image placeholders hold image slots (`inputs.images`); here
-they become the model's image token again, with the images' pixels run through the model's
-own image processor, and the model's own 3D rotary positions (`get_rope_index`).
+"""Vision-language policies (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE: FAMILIES) behind
+the transformers backend's two operations. A rendered prompt's image placeholders hold image
+slots (`inputs.images`); here they become the model's image token again, with the images'
+pixels run through the model's own image processor, and the model's own 3D rotary positions
+(`get_rope_index`). Qwen3-VL's deepstack features (its vision tower's middle layers, added to
+the first decoder layers at the image's tokens) go to its language model beside the
+embeddings, which the model's own forward would take from pixel values only.
 
 The cached scorer keeps its idea: each prompt (its image features and its text) runs once and
 its traces ride behind it on the key/value cache. After the last image a Qwen2-VL position is
@@ -48,6 +51,7 @@ def require_family(checkpoint: Any) -> None:
 
 
 def require_model_type(kind: str | None, where: Any) -> None:
+    """A `model_type` among FAMILIES, or one line naming `where` it came from."""
     if kind not in FAMILIES:
         raise CollapsecheckError(
             f"{where}: a {kind} vision-language checkpoint; collapsecheck scores images for "

@@ -106,7 +106,8 @@ fixtures: $(STAMP)
 		--out tests/fixtures/trl-grpo-completions
 
 # The vision-language demo policies, the visual-gridworld prompts and boards, and the random
-# tiny Qwen2-VL the vision tests use (a few minutes on CPU)
+# tiny checkpoint of each supported Qwen-VL generation the vision tests use (about 20 minutes
+# on CPU)
 vlm-fixtures: $(STAMP)
 	cd scripts && ../$(PY) make_vlm_fixtures.py --train grounded template reads-text
 

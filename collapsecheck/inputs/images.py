@@ -17,10 +17,12 @@ import io
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_atomic
 
 IMAGE_KEYS = ("image", "path", "url", "image_url")
 
@@ -32,8 +34,9 @@ class PromptImage:
     source: str
     data: bytes = field(repr=False)
 
-    @property
+    @cached_property
     def sha256(self) -> str:
+        """Hashed once: slots, dumps, the cache key and resuming all ask for it."""
         return hashlib.sha256(self.data).hexdigest()
 
     def open(self) -> Any:
@@ -289,7 +292,5 @@ def _image_file_part(part: Any, folder: Path) -> Any:
     name = hashlib.sha256(data).hexdigest()
     path = folder / name
     if not path.is_file():
-        from collapsecheck.files import write_atomic
-
         write_atomic(path, "wb", lambda stream: stream.write(data))
     return {**part, "image": f"{folder.name}/{name}"}

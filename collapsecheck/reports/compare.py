@@ -14,6 +14,7 @@ from collapsecheck.measures.flow import NOT_MEASURED, paired_flow_differences
 from collapsecheck.measures.image_share import paired_image_share_differences
 from collapsecheck.measures.metrics import (
     DEFAULT_RESAMPLES,
+    CrossLogProbs,
     Estimate,
     interval_bounds,
     paired_differences,
@@ -25,7 +26,6 @@ from collapsecheck.reports.dump import (
     read_dump,
     read_flow,
     read_image_swapped,
-    read_matrix,
 )
 from collapsecheck.reports.report import Report, metric_to_json
 
@@ -151,16 +151,18 @@ def flow_deltas(
 
 
 def image_deltas(
-    a: Report, b: Report, paired: bool, resamples: int, seed: int
-) -> dict[str, Estimate]:
+    a: Report, b: Report, matrices: tuple[CrossLogProbs, CrossLogProbs] | None,
+    resamples: int, seed: int,
+) -> dict[str, Estimate]:  # fmt: skip
     """B - A of the image's share where both measured it (SPEC "What the image carries"):
-    paired from the dumps' image-swapped matrices when there are both, else from the
-    reports' intervals."""
+    paired from the dumps' matrices (`matrices`, as read for the other deltas) and their
+    image-swapped twins when there are both, else from the reports' intervals."""
     if not all("image_share" in r.metrics for r in (a, b)):
         return {}
-    if paired:
+    if matrices is not None:
         first, second = (
-            (read_matrix(r.dump_dir)[0], read_image_swapped(r.dump_dir)) for r in (a, b)
+            (matrix, read_image_swapped(r.dump_dir))
+            for matrix, r in zip(matrices, (a, b), strict=True)
         )
         return paired_image_share_differences(first, second, resamples=resamples, seed=seed)
     return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in IMAGE_COMPARE_KEYS}
@@ -205,15 +207,16 @@ def compare_reports(
         )
     warnings = [f"not comparable, compared anyway: {d}" for d in differ]
     paired = _can_pair(a, b)
+    matrices = None
     if paired:
-        deltas = paired_differences(
-            read_dump(a.dump_dir), read_dump(b.dump_dir), resamples=resamples, seed=seed
-        )
+        dumps = read_dump(a.dump_dir), read_dump(b.dump_dir)
+        deltas = paired_differences(*dumps, resamples=resamples, seed=seed)
         deltas = {key: deltas[key] for key in COMPARE_KEYS}
+        matrices = dumps[0][0], dumps[1][0]
     else:
         deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
     deltas.update(flow_deltas(a, b, paired, resamples, seed))
-    deltas.update(image_deltas(a, b, paired, resamples, seed))
+    deltas.update(image_deltas(a, b, matrices, resamples, seed))
     deltas.update(snr_deltas(a, b))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
     lost = len(dropped) == len(DEPENDENCE_KEYS)

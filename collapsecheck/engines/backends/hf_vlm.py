@@ -44,10 +44,9 @@ FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 def require_family(checkpoint: Any) -> None:
     """A vision-language checkpoint of a family this backend knows, before any weight loads."""
-    import json
+    from collapsecheck.inputs.formats.huggingface import vision_model_type
 
-    config = json.loads((Path(checkpoint.config_dir) / "config.json").read_text(encoding="utf-8"))
-    require_model_type(config.get("model_type"), checkpoint.path)
+    require_model_type(vision_model_type(Path(checkpoint.config_dir)), checkpoint.path)
 
 
 def require_model_type(kind: str | None, where: Any) -> None:
@@ -71,11 +70,11 @@ class Vision:
         self._pixels: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def of(cls, path: Path, model: Any) -> Vision:
+    def of(cls, model: Any, processor: Any) -> Vision:
+        """The model's image token and merge size, with `processor` for the pixels."""
+        config = model.config
         return cls(
-            image_processor(path),
-            int(model.config.image_token_id),
-            int(model.config.vision_config.spatial_merge_size),
+            processor, int(config.image_token_id), int(config.vision_config.spatial_merge_size)
         )
 
     @classmethod
@@ -84,12 +83,7 @@ class Vision:
         has one, else the one saved beside its weights (`model.name_or_path`)."""
         require_model_type(model.config.model_type, type(model).__name__)
         processor = getattr(processing_class, "image_processor", None)
-        if processor is None:
-            processor = image_processor(Path(model.name_or_path))
-        config = model.config
-        return cls(
-            processor, int(config.image_token_id), int(config.vision_config.spatial_merge_size)
-        )
+        return cls.of(model, processor or image_processor(Path(model.name_or_path)))
 
     def pixels(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The image of a slot as the model takes it: pixel patches and its (t, h, w) grid."""
@@ -147,7 +141,8 @@ class VisionLanguageBackend(TransformersBackend):
     ) -> VisionLanguageBackend:
         require_family(checkpoint)
         checkpoint, model, tokenizer, options = cls.load_parts(checkpoint, settings, scorer)
-        return cls(model, tokenizer, Vision.of(checkpoint.config_dir, model), **options)
+        vision = Vision.of(model, image_processor(checkpoint.config_dir))
+        return cls(model, tokenizer, vision, **options)
 
     def describe(self) -> dict[str, str]:
         return {**super().describe(), "image_processor": type(self.vision.processor).__name__}

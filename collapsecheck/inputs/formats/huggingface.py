@@ -40,15 +40,22 @@ def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint 
     return None
 
 
-def is_vision_language(path: Path) -> bool:
-    """A vision-language checkpoint (Qwen2-VL and the like): its config has a vision tower."""
+def vision_model_type(path: Path) -> str | None:
+    """The `model_type` of a vision-language checkpoint (Qwen2-VL and the like: its config
+    has a vision tower), None for any other."""
     import json
 
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and "vision_config" in config
+        return None
+    if not (isinstance(config, dict) and "vision_config" in config):
+        return None
+    return str(config.get("model_type"))
+
+
+def is_vision_language(path: Path) -> bool:
+    return vision_model_type(path) is not None
 
 
 def files(checkpoint: Checkpoint) -> list[Path]:

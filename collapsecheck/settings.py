@@ -9,7 +9,10 @@
     OutputSettings    what a command writes (none changes the numbers)
 
 Every field's metadata says whether it changes the numbers (`numbers`); only those fields
-key the results cache (`Settings.numbers`), together with NUMBERS_VERSION. The CLI builds its
+key the results cache (`Settings.numbers`), together with NUMBERS_VERSION. Those that change
+the sampled traces (`samples`: the engine, what is sampled and how, the prompts' rendering,
+the seed) key the samples cache alone (`Settings.sampling_key`), with SAMPLES_VERSION: a scan
+that differs only in what it scores re-scores the traces already sampled. The CLI builds its
 options from these fields (`collapsecheck.cli`), so a flag is declared once, here.
 
 This module is the floor: it imports nothing of the package but its errors. It checks what a
@@ -33,6 +36,8 @@ from collapsecheck.errors import CollapsecheckError
 # Bump when a code change alters the numbers of a scan whose settings are unchanged: the
 # results cache then recomputes instead of answering with stale numbers.
 NUMBERS_VERSION = 4
+# Bump when a code change alters the traces sampled with unchanged settings.
+SAMPLES_VERSION = 1
 
 AUTO = "auto"
 ALL = "all"
@@ -51,14 +56,19 @@ DEFAULT_SAMPLE_BATCH = 128
 
 
 def setting(
-    default: Any, help: str, *, numbers: bool, flags: tuple[str, ...] = (), cli_type: Any = None
-) -> Any:
-    """A settings field: its default, its --help text, whether it changes the numbers, and
-    (where they differ from `--field-name`) its flags and the type the command line parses."""
+    default: Any, help: str, *, numbers: bool, samples: bool = False, flags: tuple[str, ...] = (),
+    cli_type: Any = None,
+) -> Any:  # fmt: skip
+    """A settings field: its default, its --help text, whether it changes the numbers, whether
+    it changes the sampled traces (`samples`: those key the samples cache), and (where they
+    differ from `--field-name`) its flags and the type the command line parses."""
     return field(
         default=default,
-        metadata={"help": help, "numbers": numbers, "flags": flags, "cli_type": cli_type},
-    )
+        metadata={
+            "help": help, "numbers": numbers, "samples": samples, "flags": flags,
+            "cli_type": cli_type,
+        },
+    )  # fmt: skip
 
 
 def output(
@@ -95,18 +105,18 @@ class LoadSettings:
 
     backend: str = setting(
         AUTO, "auto (vLLM when installed and on a GPU, else transformers), transformers or vllm.",
-        numbers=True,
+        numbers=True, samples=True,
     )  # fmt: skip
     scorer: str = setting(
         AUTO, "auto, cached or naive (transformers), vllm (prompt log-probabilities).",
         numbers=True,
     )  # fmt: skip
-    device: str = setting("auto", "auto, cpu or cuda[:N].", numbers=True)
+    device: str = setting("auto", "auto, cpu or cuda[:N].", numbers=True, samples=True)
     device_map: str | None = setting(
         None, "transformers: spread the model over the visible GPUs (auto, balanced, sequential; "
         "needs accelerate).", numbers=False,
     )  # fmt: skip
-    dtype: str = setting("auto", "auto, float32, bfloat16 or float16.", numbers=True)
+    dtype: str = setting("auto", "auto, float32, bfloat16 or float16.", numbers=True, samples=True)
     base_model: Path | None = setting(
         None, "Base model directory of a LoRA/PEFT adapter checkpoint.",
         numbers=False,  # its files are part of the checkpoint's fingerprint
@@ -130,7 +140,7 @@ class LoadSettings:
     )
     max_model_len: int | None = setting(
         None, "vLLM: context length to allocate.",
-        numbers=True,  # decides which prompts fit, and where they are cut
+        numbers=True, samples=True,  # decides which prompts fit, and where they are cut
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -182,13 +192,16 @@ def _word_or_count(value: int | str, name: str, words: tuple[str, ...] = (AUTO,)
 class SamplingSettings:
     """How to sample: SPEC "Sampling" (the policy's own distribution by default)."""
 
-    k: int = setting(8, "Samples per prompt.", numbers=True, flags=("-k", "--samples"))
-    num_prompts: int | None = setting(
-        None, "Use the first N prompts.", numbers=True, flags=("--num-prompts", "-n")
+    k: int = setting(
+        8, "Samples per prompt.", numbers=True, samples=True, flags=("-k", "--samples")
     )
-    max_new_tokens: int = setting(256, "Length limit per response.", numbers=True)
-    temperature: float = setting(1.0, "Sampling temperature.", numbers=True)
-    top_p: float = setting(1.0, "Nucleus sampling threshold.", numbers=True)
+    num_prompts: int | None = setting(
+        None, "Use the first N prompts.", numbers=True, samples=True,
+        flags=("--num-prompts", "-n"),
+    )  # fmt: skip
+    max_new_tokens: int = setting(256, "Length limit per response.", numbers=True, samples=True)
+    temperature: float = setting(1.0, "Sampling temperature.", numbers=True, samples=True)
+    top_p: float = setting(1.0, "Nucleus sampling threshold.", numbers=True, samples=True)
 
     def __post_init__(self) -> None:
         _require(self.k >= 1, f"-k/--samples must be at least 1, got {self.k}")
@@ -203,19 +216,22 @@ class PromptSettings:
     """How prompts are read and rendered (SPEC "Inputs")."""
 
     prompt_field: str | None = setting(
-        None, "JSONL field holding the prompt (default prompt/messages).", numbers=True
+        None, "JSONL field holding the prompt (default prompt/messages).", numbers=True,
+        samples=True,
+    )  # fmt: skip
+    as_chat: bool = setting(
+        False, "Wrap plain-string prompts as one user message.", numbers=True, samples=True
     )
-    as_chat: bool = setting(False, "Wrap plain-string prompts as one user message.", numbers=True)
     system_prompt: str | None = setting(
-        None, "Add this system message to prompts that have none.", numbers=True
+        None, "Add this system message to prompts that have none.", numbers=True, samples=True
     )
     truncate_prompts: bool = setting(
         False, "Cut prompts too long for the model's context to their last tokens (reported).",
-        numbers=True,
+        numbers=True, samples=True,
     )  # fmt: skip
     chat_template_kwargs: dict[str, Any] | None = setting(
         None, 'Arguments for the chat template, as a JSON object: {"enable_thinking": true}.',
-        numbers=True, cli_type=str,
+        numbers=True, samples=True, cli_type=str,
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -286,7 +302,7 @@ class ScoringSettings:
 class AnalysisSettings:
     """The seed (of sampling, negatives, turn sampling and the bootstrap) and the bootstrap."""
 
-    seed: int = setting(0, "Seed of sampling and bootstrap.", numbers=True)
+    seed: int = setting(0, "Seed of sampling and bootstrap.", numbers=True, samples=True)
     bootstrap: int = setting(1000, "Bootstrap resamples.", numbers=True)
 
     def __post_init__(self) -> None:
@@ -403,14 +419,22 @@ class Settings:
 
     def numbers(self) -> dict[str, Any]:
         """The settings that change the numbers, in JSON-able form: the cache key's part."""
-        key: dict[str, Any] = {"numbers_version": NUMBERS_VERSION}
+        return {"numbers_version": NUMBERS_VERSION, **self._marked("numbers")}
+
+    def sampling_key(self) -> dict[str, Any]:
+        """The settings that change the sampled traces, in JSON-able form: the samples
+        cache key's part."""
+        return {"samples_version": SAMPLES_VERSION, **self._marked("samples")}
+
+    def _marked(self, mark: str) -> dict[str, Any]:
+        """Per group, the fields whose metadata has `mark` set (groups with none left out)."""
+        key: dict[str, Any] = {}
         for group in GROUPS:
             values = getattr(self, group)
-            key[group] = {
-                f.name: _plain(getattr(values, f.name))
-                for f in fields(values)
-                if f.metadata["numbers"]
-            }
+            marked = {f.name: _plain(getattr(values, f.name)) for f in fields(values)
+                      if f.metadata[mark]}  # fmt: skip
+            if marked:
+                key[group] = marked
         return key
 
 

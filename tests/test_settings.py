@@ -96,7 +96,9 @@ def test_a_batch_flag_reuses_the_cache_and_a_seed_does_not(tmp_path):
     assert batched.metrics == first.metrics
     reseeded = cached_scan(checkpoint, PROMPTS, cache_root=tmp_path, seed=3, **FAST)
     assert not reseeded.timing.get("cached")
-    assert len(list(tmp_path.iterdir())) == 2
+    assert not reseeded.timing.get("samples_reused")  # the seed changes the traces too
+    assert len([p for p in tmp_path.iterdir() if p.name != "samples"]) == 2
+    assert len(list((tmp_path / "samples").iterdir())) == 2
 
 
 def test_every_scorer_has_one_backend_and_every_backend_loads():

@@ -1,6 +1,8 @@
 """The results cache: each scan's dump stored under a key made of the checkpoint's content, the
 prompt file's content and every setting that changes the numbers. A rerun, or a run
-interrupted part-way, finds the finished checkpoints here and never rescans them.
+interrupted part-way, finds the finished checkpoints here and never rescans them. Beside
+them, under samples/, each checkpoint's sampled traces, keyed by what changes sampling
+alone: a scan that scores them otherwise samples nothing again.
 
 An entry is complete once its report.json exists; the dump writer writes that file last and
 atomically, so a killed scan leaves an incomplete entry that is simply redone.
@@ -69,6 +71,18 @@ def cache_entry(
 ) -> Path:
     """The directory of one scan in the results cache (complete once it holds report.json)."""
     return root / scan_key(checkpoint, prompts, settings)
+
+
+SAMPLES_DIR = "samples"  # under the cache root: sampled traces, keyed by the sampling alone
+
+
+def samples_entry(
+    root: Path, checkpoint: Checkpoint, prompts: Path, settings: dict[str, Any]
+) -> Path:
+    """The directory of one checkpoint's traces of a prompt set in the results cache, keyed
+    by what changes sampling alone (`Settings.sampling_key`): scans that differ in what they
+    score share it (`runs.sampling`)."""
+    return root / SAMPLES_DIR / scan_key(checkpoint, prompts, settings)
 
 
 def scan_key(checkpoint: Checkpoint, prompts: Path, settings: dict[str, Any]) -> str:

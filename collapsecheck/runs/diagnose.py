@@ -74,17 +74,15 @@ from collapsecheck.measures.snr import PromptRewards, RowStatistics, snr_section
 from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import (
-    PROMPTS_FILE,
     REPORT_FILE,
-    TRACES_FILE,
     SampledPrompts,
-    read_dump_samples,
     write_matrix,
     write_per_prompt,
     write_samples,
 )
 from collapsecheck.reports.evidence import Evidence
 from collapsecheck.reports.report import Report
+from collapsecheck.runs.sampling import SampleStore, reasoning_check, sample_prompts
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
     AnalysisSettings,
@@ -294,30 +292,23 @@ def require_two_prompts(count: int, source: str | Path, note: str | None = None)
 # -- sampling ----------------------------------------------------------------------------
 
 
-def saved_samples(dump_dir: Path, prepared: Prepared, k: int) -> list[list[Sample]] | None:
-    """The samples an interrupted scan left in its dump, if they are for these prompts."""
-    if not ((dump_dir / PROMPTS_FILE).is_file() and (dump_dir / TRACES_FILE).is_file()):
-        return None
-    saved = read_dump_samples(dump_dir)
-    same_prompts = [r.identity for r in saved.rendered] == [r.identity for r in prepared.rendered]
-    if not same_prompts or any(len(group) != k for group in saved.samples):
-        return None
-    return saved.samples
-
-
 def sample(
     backend: Backend,
     prepared: Prepared,
     params: SamplingParams,
+    settings: Settings,
     progress: ProgressHook,
-    resume_from: Path | None,
-) -> list[list[Sample]]:
-    """K samples per prompt, or those a dump already holds for the same prompts."""
-    if resume_from is not None:
-        saved = saved_samples(resume_from, prepared, params.k)
-        if saved is not None:
-            return saved
-    return backend.generate(prepared.ids, params, progress("sampling", len(prepared.rendered)))
+    samples: Path | None,
+) -> tuple[list[list[Sample]], int]:
+    """K samples per prompt (`runs.sampling`): those a samples entry keeps read back, the
+    rest sampled, the first checked for a reasoning segment before the others are drawn.
+    Returns them and how many prompts' samples were read back."""
+    check = reasoning_check(
+        backend.decode, reasoning_spec(settings.scoring), prepared.opened,
+        no_reasoning_hint(prepared, backend.tokenizer, settings.prompts),
+    )  # fmt: skip
+    store = SampleStore(samples) if samples is not None else None
+    return sample_prompts(backend, prepared.rendered, params, progress, store, check)
 
 
 # -- from traces to the report -----------------------------------------------------------
@@ -710,7 +701,7 @@ def scan(
     thresholds: Thresholds | None = None,
     flow_thresholds: FlowThresholds | None = None,
     dump: str | Path | None = None,
-    resume: bool = False,
+    samples: str | Path | None = None,
     progress: ProgressHook = silent,
     loaded: Backend | None = None,
     **flags: Any,
@@ -718,7 +709,8 @@ def scan(
     """Diagnose one checkpoint on one prompt set (SPEC.md defines every number). How: the
     `settings`, or their flags by name (`k=8`, `device="cpu"`; an unknown name is an error).
     `loaded`: an already loaded backend (inside a training loop, say) instead of loading one.
-    `resume`: reuse the samples `dump` already holds for the same prompts."""
+    `samples`: a samples entry of the results cache (`runs.sampling`): the samples it keeps
+    for these prompts are read back, not drawn again, and those drawn now are added to it."""
     settings = checked(resolve_settings(settings, flags))
     started, started_at = time.perf_counter(), utc_now()
     prompt_path = Path(prompts)
@@ -732,7 +724,8 @@ def scan(
         prepared = prepare(prompt_list, rendered, reserve, model, settings, str(prompt_path))
         loaded = time.perf_counter()
         with holding(dump) as dump_dir:
-            samples = sample(model, prepared, params, progress, dump_dir if resume else None)
+            with holding(samples) as samples_dir:  # held while sampling, not while scoring
+                drawn, reused = sample(model, prepared, params, settings, progress, samples_dir)
             recorded = {
                 "checkpoint": name,
                 **checkpoint_notes(checkpoint),
@@ -745,13 +738,14 @@ def scan(
                 "started_at": started_at,
                 "load_s": round(loaded - started, 3),
                 "sampling_s": _elapsed(loaded),
+                **({"samples_reused": reused} if reused else {}),
             }
             diagnosis = Diagnosis(
                 settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
                 recorded, timing, dump_dir, progress, sampling_warnings(params), rewards,
                 reward_source,
             )  # fmt: skip
-            return diagnose(model, prepared, samples, diagnosis)
+            return diagnose(model, prepared, drawn, diagnosis)
 
 
 def score(

@@ -21,7 +21,7 @@ from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import REPORT_FILE
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import Pairing
-from collapsecheck.runs.cache import cache_entry
+from collapsecheck.runs.cache import cache_entry, samples_entry
 from collapsecheck.runs.diagnose import scan, score
 from collapsecheck.settings import Settings
 
@@ -37,10 +37,17 @@ class SampledTraces:
     def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
         """The file and the settings that key this unit's cache entry, with the images the
         file names (an image changed in place changes the numbers too)."""
-        key = settings.numbers()
+        return self.prompts, self._with_images(settings.numbers())
+
+    def samples_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
+        """The file and the settings that key its samples entry: those that change the
+        traces alone (`Settings.sampling_key`), with the images."""
+        return self.prompts, self._with_images(settings.sampling_key())
+
+    def _with_images(self, key: dict[str, Any]) -> dict[str, Any]:
         if self.images_sha256 is not None:
             key["prompt_images_sha256"] = self.images_sha256
-        return self.prompts, key
+        return key
 
 
 @dataclass(frozen=True)
@@ -83,13 +90,15 @@ class VerdictThresholds:
 @dataclass(frozen=True)
 class WorkUnit:
     """One checkpoint (`row`: as the run table labels it) with its traces. `dump`: where its
-    dump goes; `cached`: whether that is a results-cache entry (resumed, and read back once
-    it holds a report)."""
+    dump goes; `cached`: whether that is a results-cache entry (read back once it holds a
+    report); `samples`: the samples entry its sampled traces are kept in and read back from
+    (`runs.sampling`), None where nothing is sampled or nothing is cached."""
 
     row: RunCheckpoint
     traces: Traces
     dump: Path | None = None
     cached: bool = False
+    samples: Path | None = None
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -104,9 +113,14 @@ class WorkUnit:
 
 
 def cached_unit(row: RunCheckpoint, traces: Traces, settings: Settings, root: Path) -> WorkUnit:
-    """A unit whose dump is its entry in the results cache under `root`."""
+    """A unit whose dump is its entry in the results cache under `root` (and, for sampled
+    traces, its samples entry there too)."""
     source, key = traces.cache_key(settings)
-    return WorkUnit(row, traces, cache_entry(root, row.checkpoint, source, key), cached=True)
+    entry = cache_entry(root, row.checkpoint, source, key)
+    samples = None
+    if isinstance(traces, SampledTraces):
+        samples = samples_entry(root, row.checkpoint, *traces.samples_key(settings))
+    return WorkUnit(row, traces, entry, cached=True, samples=samples)
 
 
 def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds) -> Report:
@@ -143,7 +157,7 @@ def run_unit(
         "progress": progress, "loaded": backend,
     }  # fmt: skip
     if isinstance(unit.traces, SampledTraces):
-        return scan(unit.checkpoint, unit.traces.prompts, settings, resume=unit.cached, **common)
+        return scan(unit.checkpoint, unit.traces.prompts, settings, samples=unit.samples, **common)
     traces = unit.traces
     return score(
         unit.checkpoint, traces.path, settings, rollout_options=traces.options,

@@ -89,9 +89,12 @@ class Backend(Protocol):
         ...
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
-    ) -> list[list[Sample]]:
-        """K samples for each prompt (given as token ids), seeded per prompt."""
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
+        offset: int = 0,
+    ) -> list[list[Sample]]:  # fmt: skip
+        """K samples for each prompt (given as token ids), seeded per prompt: prompt i by
+        `prompt_seed(params.seed, offset + i)` (`offset`: where these prompts begin in the
+        scan's list, so that sampling it in parts draws the same traces)."""
         ...
 
     def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
@@ -168,11 +171,12 @@ class SplitBackend:
                 self.max_length = min(self.max_length or scorer.max_length, scorer.max_length)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
-    ) -> list[list[Sample]]:
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
+        offset: int = 0,
+    ) -> list[list[Sample]]:  # fmt: skip
         if self.sampler is None:
             raise RuntimeError("the sampler was closed before sampling")
-        return self.sampler.generate(prompts, params, progress)
+        return self.sampler.generate(prompts, params, progress, offset)
 
     def _scoring_backend(self) -> Backend:
         if self.scorer is None:

@@ -43,8 +43,9 @@ class FunctionBackend:
         self.max_length: int | None = None  # the caller's contexts fit its model already
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
-    ) -> list[list[Sample]]:
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
+        offset: int = 0,
+    ) -> list[list[Sample]]:  # fmt: skip
         raise CollapsecheckError("the caller's log-likelihood function scores; it cannot sample")
 
     def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:

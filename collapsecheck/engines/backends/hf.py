@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import functools
 import gc
+import inspect
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -100,6 +102,20 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     while length < shortest - 1 and all(s[length] == sequences[0][length] for s in sequences):
         length += 1
     return length
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword a model's forward takes its key/value cache by: `cache` in the newer
+    transformers (which warn on the old name), `past_key_values` in the older ones."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The key/value cache a forward pass returned, under whichever name this transformers
+    gives it (read as a mapping: the old attribute warns in the newer versions)."""
+    cache = out.get("cache")
+    return cache if cache is not None else out.get("past_key_values")
 
 
 LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
@@ -226,6 +242,7 @@ class TransformersBackend:
         self.batch_tokens = resolve_batch_tokens(batch_tokens, model)
         self.sample_batch = sample_batch
         self.device = str(next(model.parameters()).device)
+        self.cache_keyword = cache_keyword(model)
         generation = getattr(model, "generation_config", None)
         self.stop_ids = stop_token_ids(
             getattr(generation, "eos_token_id", None), tokenizer.eos_token_id
@@ -291,14 +308,25 @@ class TransformersBackend:
         """Key/value cache of one context and the logits that predict its next token."""
         ids = torch.tensor([list(context)], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        return out.past_key_values, out.logits[:, -1, :]
+        return returned_cache(out), out.logits[:, -1, :]
+
+    def _forward_cached(self, cache: Any, **inputs: Any) -> Any:
+        """The model's forward on `inputs` after the key/value cache `cache`."""
+        return self.model(**inputs, **{self.cache_keyword: cache})
 
     # -- sampling -----------------------------------------------------------------------
 
     @staticmethod
     def _next_tokens(
-        logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-    ) -> torch.Tensor:
+        logits: torch.Tensor, rows: torch.Tensor, params: SamplingParams,
+        generators: Sequence[torch.Generator],
+    ) -> torch.Tensor:  # fmt: skip
+        """The next token of each decoded row (`rows`: their numbers, prompt after prompt, K
+        each), drawn as `torch.multinomial` would draw a prompt's K rows from its generator:
+        argmax(p / q) with q ~ Exp(1) over all K rows (a finished row's noise too, so that the
+        prompt's stream, and its traces, are the same whichever rows are still decoded). The
+        softmax, nucleus cut and argmax run over all rows at once; only the noise is drawn
+        prompt by prompt."""
         if not bool(torch.isfinite(logits).all()):
             raise CollapsecheckError(
                 "the model produced NaN or infinite logits while sampling: no verdict "
@@ -311,7 +339,17 @@ class TransformersBackend:
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0))
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        k = params.k
+        prompt_of, sample_of = (rows // k).tolist(), (rows % k).tolist()
+        noise = torch.empty_like(probs)
+        start = 0
+        for prompt, group in itertools.groupby(range(len(prompt_of)), key=prompt_of.__getitem__):
+            members = list(group)
+            drawn = torch.empty((k, probs.shape[-1]), dtype=probs.dtype, device=probs.device)
+            drawn.exponential_(generator=generators[prompt])
+            noise[start : start + len(members)] = drawn[[sample_of[m] for m in members]]
+            start += len(members)
+        return (probs / noise).argmax(dim=-1)
 
     def _sample_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
@@ -331,7 +369,7 @@ class TransformersBackend:
             logits_to_keep=1,
         )
         return self._decode(
-            out.past_key_values, out.logits[:, -1, :], mask, positions[:, -1:], params, seeds
+            returned_cache(out), out.logits[:, -1, :], mask, positions[:, -1:], params, seeds
         )
 
     def _decode(
@@ -339,40 +377,47 @@ class TransformersBackend:
         params: SamplingParams, seeds: Sequence[int],
     ) -> list[list[Sample]]:  # fmt: skip
         """K samples for each prefilled prompt (one row each of `cache`, `logits`, `mask`,
-        and the last `position`), drawn from its own seeded generator."""
-        k, prompts = params.k, range(len(seeds))
+        and the last `position`), drawn from its own seeded generator. A row that has ended
+        is carried no further: once a quarter of the decoded rows have ended, they leave the
+        batch (its cache, mask and positions keep the others)."""
+        k = params.k
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        total = len(seeds) * k
         logits = logits.repeat_interleave(k, dim=0)
         cache.batch_repeat_interleave(k)
         mask = mask.repeat_interleave(k, dim=0)
         position = position.repeat_interleave(k, dim=0)
         stops = torch.tensor(self.stop_ids or [-1], device=self.device)
-        finished = torch.zeros(len(prompts) * k, dtype=torch.bool, device=self.device)
+        rows = torch.arange(total, device=self.device)  # the decoded rows' numbers
+        ended = torch.zeros(total, dtype=torch.bool, device=self.device)  # of the decoded rows
         steps: list[torch.Tensor] = []
         for _ in range(params.max_new_tokens):
-            tokens = torch.cat(
-                [
-                    self._next_tokens(logits[i * k : (i + 1) * k], params, generator)
-                    for i, generator in enumerate(generators)
-                ]
-            )
-            tokens = torch.where(finished, torch.full_like(tokens, self.pad_id), tokens)
-            steps.append(tokens)
-            finished |= torch.isin(tokens, stops)
-            if bool(finished.all()):
+            tokens = self._next_tokens(logits, rows, params, generators)
+            tokens = torch.where(ended, torch.full_like(tokens, self.pad_id), tokens)
+            steps.append(torch.full((total,), self.pad_id, device=self.device).index_put(
+                (rows,), tokens))  # fmt: skip
+            ended |= torch.isin(tokens, stops)
+            if bool(ended.all()):
                 break
+            if 4 * int(ended.sum()) >= len(rows):
+                going = (~ended).nonzero().squeeze(-1)
+                cache.reorder_cache(going)
+                rows, tokens, mask, position = (
+                    rows[going],
+                    tokens[going],
+                    mask[going],
+                    position[going],
+                )
+                ended = ended[going]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             position = position + 1
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=position,
-                past_key_values=cache,
+            out = self._forward_cached(
+                cache, input_ids=tokens[:, None], attention_mask=mask, position_ids=position,
                 use_cache=True,
-            )
-            cache, logits = out.past_key_values, out.logits[:, -1, :]
-        rows = torch.stack(steps, dim=1).tolist()
-        return [self._split_samples(rows[i * k : (i + 1) * k]) for i in range(len(prompts))]
+            )  # fmt: skip
+            cache, logits = returned_cache(out), out.logits[:, -1, :]
+        decoded = torch.stack(steps, dim=1).tolist()
+        return [self._split_samples(decoded[i * k : (i + 1) * k]) for i in range(len(seeds))]
 
     def _split_samples(self, rows: list[list[int]]) -> list[Sample]:
         samples = []
@@ -383,13 +428,14 @@ class TransformersBackend:
 
     @torch.inference_mode()
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
-    ) -> list[list[Sample]]:
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
+        offset: int = 0,
+    ) -> list[list[Sample]]:  # fmt: skip
         per_batch = max(1, self.sample_batch // params.k)
         results: list[list[Sample]] = []
         for start in range(0, len(prompts), per_batch):
             chunk = range(start, min(start + per_batch, len(prompts)))
-            seeds = [prompt_seed(params.seed, i) for i in chunk]
+            seeds = [prompt_seed(params.seed, offset + i) for i in chunk]
             results += self._sample_batch([prompts[i] for i in chunk], params, seeds)
             progress(len(chunk))
         return results
@@ -468,10 +514,8 @@ class TransformersBackend:
         for context in contexts:
             cache = copy.deepcopy(base)
             rest = torch.tensor([list(context[shared:])], dtype=torch.long, device=self.device)
-            out = self.model(
-                input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1
-            )
-            yield context, out.past_key_values, out.logits[:, -1, :]
+            out = self._forward_cached(cache, input_ids=rest, use_cache=True, logits_to_keep=1)
+            yield context, returned_cache(out), out.logits[:, -1, :]
 
     def _score_cached(
         self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
@@ -507,17 +551,16 @@ class TransformersBackend:
             allowed = layout.allowed(context_length)
             mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
             mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-            logits = self.model(
-                input_ids=layout.ids, attention_mask=mask, past_key_values=cache,
-                position_ids=positions, use_cache=True,
-            ).logits  # fmt: skip
-        elif group.offset:  # plain rows after images: their positions said
-            logits = self.model(
-                input_ids=layout.ids, past_key_values=cache, position_ids=positions,
+            logits = self._forward_cached(
+                cache, input_ids=layout.ids, attention_mask=mask, position_ids=positions,
                 use_cache=True,
             ).logits  # fmt: skip
+        elif group.offset:  # plain rows after images: their positions said
+            logits = self._forward_cached(
+                cache, input_ids=layout.ids, position_ids=positions, use_cache=True
+            ).logits
         else:  # plain rows: causal on the context, right padding after every real token
-            logits = self.model(input_ids=layout.ids, past_key_values=cache, use_cache=True).logits
+            logits = self._forward_cached(cache, input_ids=layout.ids, use_cache=True).logits
         logprobs = predicted_logprobs(logits, group.first_logits, layout.predictor, layout.targets)
         totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
         spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request

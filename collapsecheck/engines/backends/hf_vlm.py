@@ -31,12 +31,20 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams, ScoreRequest
-from collapsecheck.engines.backends.hf import TransformersBackend, token_logprobs
+from collapsecheck.engines.backends.hf import (
+    TransformersBackend,
+    returned_cache,
+    token_logprobs,
+)
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import ImageSlots, PromptImage
 from collapsecheck.settings import LoadSettings
 
 DEEPSTACK = "deepstack_visual_embeds"
+# the field a forward's output keeps its key/value cache in (renamed in the newer transformers)
+OUTPUT_CACHE = (
+    "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+)
 # The model types whose image features and 3D positions this backend places, each tested
 # exact against the model's own forward (tests/test_vision.py); others are refused.
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
@@ -182,14 +190,14 @@ class VisionLanguageBackend(TransformersBackend):
         out = self.model.model.language_model(**inputs, **call)
         hidden = out.last_hidden_state[:, -keep:] if keep else out.last_hidden_state
         return CausalLMOutputWithPast(
-            logits=self.model.lm_head(hidden), past_key_values=out.past_key_values
+            logits=self.model.lm_head(hidden), **{OUTPUT_CACHE: returned_cache(out)}
         )
 
     def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
         inputs = self._model_inputs(context)
         self._offsets[tuple(context)] = inputs.pop("delta")
         out = self._forward(inputs, use_cache=True, logits_to_keep=1)
-        return out.past_key_values, out.logits[:, -1, :]
+        return returned_cache(out), out.logits[:, -1, :]
 
     def position_offset(self, context: Sequence[int]) -> int:
         return self._offsets.get(tuple(context), 0)
@@ -254,7 +262,7 @@ class VisionLanguageBackend(TransformersBackend):
             }
         out = self._forward(batch, use_cache=True, logits_to_keep=1)
         last = torch.tensor(ends, device=self.device)[:, None]
-        return out.past_key_values, out.logits[:, -1, :], mask, last
+        return returned_cache(out), out.logits[:, -1, :], mask, last
 
     def _positions(self, inputs: dict[str, Any], length: int) -> torch.Tensor:
         """A prompt's (3, length) positions: its images' 3D ones, or the text's index on all

@@ -131,8 +131,9 @@ class VLLMBackend:
         return decode_ids(self.tokenizer, ids)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress
-    ) -> list[list[Sample]]:
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
+        offset: int = 0,
+    ) -> list[list[Sample]]:  # fmt: skip
         """All prompts in one engine call; each prompt's K samples from its own seed."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
@@ -144,7 +145,7 @@ class VLLMBackend:
                 temperature=params.temperature,
                 top_p=params.top_p,
                 max_tokens=params.max_new_tokens,
-                seed=prompt_seed(params.seed, index),
+                seed=prompt_seed(params.seed, offset + index),
                 stop_token_ids=self.stop_ids,
                 detokenize=False,
             )

@@ -1,0 +1,173 @@
+"""The sampling stage of a scan: K traces per prompt, sampled once.
+
+- Kept: with a results cache, each prompt's traces go to a samples entry keyed by what
+  changes sampling alone (`Settings.sampling_key`), as soon as its batch is drawn. Another
+  scan of the same checkpoint and prompts with other scoring settings (another reasoning
+  segment, negatives, flow or rewards), or the same scan after a kill, reads them back and
+  samples only what is missing.
+- Checked early: the first prompts' traces are sampled before the rest (at least
+  PROBE_RESPONSES of them), and when none holds a reasoning segment the scan stops there,
+  saying which option to pass, instead of after sampling everything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from collapsecheck.engines.backends.base import Backend, Sample, SamplingParams
+from collapsecheck.engines.reasoning import ReasoningSpec, extract_traces
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import write_jsonl_atomic
+from collapsecheck.inputs.prompts import RenderedPrompt
+from collapsecheck.progress import ProgressHook
+from collapsecheck.reports.dump import PROMPTS_FILE, prompt_rows, write_images
+
+SAMPLES_FILE = "samples.jsonl"  # one line per prompt: its K samples' ids, appended as drawn
+PROBE_RESPONSES = 8  # responses sampled first, to see whether they hold a reasoning segment
+SHOWN_CHARS = 160  # of the response shown when none holds a reasoning segment
+
+
+@dataclass(frozen=True)
+class SampleStore:
+    """A samples entry of the results cache: the rendered prompts (prompts.jsonl, the
+    dump's format) and samples.jsonl. A line cut short by a kill is ignored on reading."""
+
+    directory: Path
+
+    def read(self, rendered: Sequence[RenderedPrompt], k: int) -> dict[int, list[Sample]]:
+        """The samples kept for these prompts, by prompt index (none if the entry was made
+        for other prompts)."""
+        prompts, samples = self.directory / PROMPTS_FILE, self.directory / SAMPLES_FILE
+        if not (prompts.is_file() and samples.is_file()):
+            return {}
+        if prompts.read_text(encoding="utf-8") != self._prompts_text(rendered):
+            return {}
+        kept: dict[int, list[Sample]] = {}
+        for line in samples.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+                group = [Sample(tuple(s["ids"]), bool(s["truncated"])) for s in row["samples"]]
+                index = int(row["prompt_index"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # the last line of a killed scan
+            if 0 <= index < len(rendered) and len(group) == k:
+                kept[index] = group
+        return kept
+
+    def start(self, rendered: Sequence[RenderedPrompt]) -> None:
+        """Begin the entry for these prompts (an entry made for others is started again)."""
+        prompts = self.directory / PROMPTS_FILE
+        text = self._prompts_text(rendered)
+        if prompts.is_file() and prompts.read_text(encoding="utf-8") == text:
+            return
+        (self.directory / SAMPLES_FILE).unlink(missing_ok=True)
+        write_images(self.directory, rendered)
+        write_jsonl_atomic(prompts, prompt_rows(rendered))
+
+    def add(self, first: int, groups: Sequence[Sequence[Sample]]) -> None:
+        """Append the samples of prompts `first`, `first + 1`, ..., one line each."""
+        lines = "".join(
+            json.dumps(
+                {
+                    "prompt_index": first + offset,
+                    "samples": [{"ids": list(s.ids), "truncated": s.truncated} for s in group],
+                }
+            )
+            + "\n"
+            for offset, group in enumerate(groups)
+        )
+        with (self.directory / SAMPLES_FILE).open("a", encoding="utf-8") as stream:
+            stream.write(lines)
+
+    @staticmethod
+    def _prompts_text(rendered: Sequence[RenderedPrompt]) -> str:
+        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in prompt_rows(rendered))
+
+
+Check = Callable[[dict[int, list[Sample]]], None]
+
+
+def missing_runs(done: set[int], count: int) -> list[range]:
+    """The prompt indices not in `done`, as runs of consecutive indices."""
+    runs: list[range] = []
+    for index in range(count):
+        if index in done:
+            continue
+        if runs and runs[-1].stop == index:
+            runs[-1] = range(runs[-1].start, index + 1)
+        else:
+            runs.append(range(index, index + 1))
+    return runs
+
+
+def probe_split(runs: list[range], k: int) -> list[range]:
+    """The runs with the first cut after ceil(PROBE_RESPONSES / K) prompts: those are
+    sampled, and checked, before the rest."""
+    if not runs:
+        return runs
+    first, size = runs[0], math.ceil(PROBE_RESPONSES / k)
+    if len(first) <= size:
+        return runs
+    return [first[:size], first[size:], *runs[1:]]
+
+
+def sample_prompts(
+    backend: Backend,
+    rendered: Sequence[RenderedPrompt],
+    params: SamplingParams,
+    progress: ProgressHook,
+    store: SampleStore | None,
+    check: Check,
+) -> tuple[list[list[Sample]], int]:
+    """K samples per prompt, and how many prompts' samples were read from `store` rather
+    than sampled. `check` sees the first samples in hand (kept, or the first
+    PROBE_RESPONSES drawn) before the rest are drawn, and raises to stop the scan."""
+    kept = store.read(rendered, params.k) if store is not None else {}
+    if store is not None:
+        store.start(rendered)
+    if kept:
+        check(kept)
+    runs = probe_split(missing_runs(set(kept), len(rendered)), params.k)
+    if runs:
+        advance = progress("sampling", sum(len(run) for run in runs))
+        ids = [r.ids for r in rendered]
+        for number, run in enumerate(runs):
+            drawn = backend.generate([ids[i] for i in run], params, advance, offset=run.start)
+            if store is not None:
+                store.add(run.start, drawn)
+            kept.update(zip(run, drawn, strict=True))
+            if number == 0 and len(kept) == len(run):
+                check(dict(zip(run, drawn, strict=True)))
+    return [kept[i] for i in range(len(rendered))], len(rendered) - sum(map(len, runs))
+
+
+def reasoning_check(
+    decode: Callable[[Sequence[int]], str],
+    spec: ReasoningSpec,
+    opened: Sequence[bool],
+    hint: str,
+) -> Check:
+    """A `Check` that stops the scan when none of the samples in hand holds a reasoning
+    segment: the error says how many were looked at, shows one response cut short, and
+    what to pass (`hint`)."""
+
+    def check(samples: dict[int, list[Sample]]) -> None:
+        indices = sorted(samples)
+        traces = extract_traces(
+            [samples[i] for i in indices], decode, spec, [opened[i] for i in indices]
+        )
+        if any(t.valid for t in traces):
+            return
+        shown = traces[0].response if traces else ""
+        shown = shown[:SHOWN_CHARS] + ("..." if len(shown) > SHOWN_CHARS else "")
+        raise CollapsecheckError(
+            f"none of the first {len(traces)} responses (prompts {indices[0]}-{indices[-1]}) "
+            f"has a reasoning segment {spec.describe()}, so the scan stopped before sampling "
+            f"the rest; {hint}. The first response: {shown!r}"
+        )
+
+    return check

@@ -21,5 +21,25 @@ def format_count(x: float) -> str:
     return format_number(x) if abs(x) >= 100 else f"{x:.1f}"
 
 
+# SPEC "Metrics": effective_traces_per_prompt is shown as a count up to here. exp of a
+# sequence's entropy grows with its length; past this, it says only that no two of the K
+# sampled traces of a prompt are alike, and its digits mean nothing to a reader.
+READABLE_TRACES = 10_000
+TRACES_KEY = "effective_traces_per_prompt"
+
+
+def format_traces(x: float) -> str:
+    """An effective number of traces for a person: a count up to READABLE_TRACES, else
+    `> 10,000`."""
+    if math.isnan(x):
+        return "-"
+    return format_count(x) if x <= READABLE_TRACES else f"> {READABLE_TRACES:,}"
+
+
+def format_metric(key: str, x: float) -> str:
+    """A metric's value as a console, Markdown summary or page shows it."""
+    return format_traces(x) if key == TRACES_KEY else format_number(x)
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -162,3 +162,59 @@ def test_compare_refuses_reports_of_other_settings_unless_allowed(tmp_path):
     assert allowed.exit_code in (0, 1), allowed.output
     assert "warning: not comparable, compared anyway: seed" in " ".join(allowed.output.split())
     assert "retrieval_accuracy" in allowed.output  # metric names are not cut
+
+
+@pytest.mark.parametrize(
+    "checkpoint, prompts",
+    [
+        (HEALTHY, PROMPTS),
+        (EXAMPLES / "checkpoints" / "vision" / "grounded",
+         EXAMPLES / "prompts" / "visual-gridworld.jsonl"),
+    ],
+    ids=["text", "vision"],
+)  # fmt: skip
+def test_a_scan_prints_no_warning_of_its_own_making(checkpoint, prompts, tmp_path):
+    """As a user runs it, in its own process with Python's default warning filters: the
+    sampler and scorer use the library's current interface (no FutureWarning about
+    `past_key_values`), on the transformers installed."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "collapsecheck", "scan", str(checkpoint), "-p", str(prompts),
+               "-n", "4", "-k", "2", "--max-new-tokens", "24", "--device", "cpu",
+               "--bootstrap", "50", "--fail-on", "none", "--no-flow"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "default"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    output = done.stdout + done.stderr
+    assert "verdict:" in output
+    assert "Warning" not in output and "deprecated" not in output, output
+
+
+def test_effective_traces_read_as_a_count_or_as_more_than_a_person_reads(tmp_path):
+    """SPEC "Metrics": exp of a real model's sequence entropy (a 135M instruct model's 128-token
+    answers: about 233 nats, 2.46e+101 traces) is shown as `> 10,000` on the console and in
+    the Markdown summary; a collapsed policy's few traces as a count. report.json keeps the
+    value."""
+    import math
+
+    from rich.console import Console
+
+    from collapsecheck.measures.metrics import Estimate
+    from collapsecheck.reports.console import print_report
+    from collapsecheck.reports.gate import markdown_report
+    from collapsecheck.reports.report import Report
+
+    result = invoke("scan", HEALTHY, *FAST, "--json", tmp_path / "r.json", "--fail-on", "none")
+    assert result.exit_code == 0, result.output
+    report = Report.load(tmp_path / "r.json")
+    for entropy, shown in [((233.4, 202.5, 268.8), "> 10,000"), ((1.2, 0.9, 1.5), "3.3")]:
+        report.metrics["effective_traces_per_prompt"] = Estimate(*map(math.exp, entropy))
+        console = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        print_report(console, report)
+        text = console.export_text() + markdown_report("scan", report, [])
+        lines = [x for x in text.splitlines() if "effective_traces_per_prompt" in x]
+        assert len(lines) == 2 and all(shown in x for x in lines), lines
+        assert "e+" not in text and not re.search(r"\d{1,3}(,\d{3}){2,}", text)
+    saved = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    assert saved["effective_traces_per_prompt"]["value"] > 0  # the value itself, in the JSON

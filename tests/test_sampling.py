@@ -67,3 +67,55 @@ def test_sampling_parameters_are_checked():
         SamplingSettings(top_p=0)
     with pytest.raises(CollapsecheckError, match="temperature"):
         SamplingSettings(temperature=-1)
+
+
+def reference_samples(model, prompt, k, seed, params, stop):
+    """The sampler as plainly as it can be written: one prompt, its K rows decoded together
+    with no key/value cache (the whole sequence run again each step), each step's tokens
+    drawn by torch.multinomial from the prompt's own generator, a row's tokens after its stop
+    token ignored."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.tensor([list(prompt)] * k)
+    with torch.no_grad():
+        for _ in range(params.max_new_tokens):
+            logits = model(input_ids=rows).logits[:, -1].float() / params.temperature
+            probs = torch.softmax(logits, dim=-1)
+            if params.top_p < 1:
+                ordered, order = probs.sort(dim=-1, descending=True)
+                outside = ordered.cumsum(dim=-1) - ordered >= params.top_p
+                probs = torch.zeros_like(probs).scatter(-1, order, ordered.masked_fill(outside, 0))
+            tokens = torch.multinomial(probs, 1, generator=generator)
+            rows = torch.cat([rows, tokens], dim=1)
+    out = []
+    for row in rows[:, len(prompt) :].tolist():
+        end = next((i for i, t in enumerate(row) if t == stop), None)
+        out.append(tuple(row[:end]))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(kind, demo_tokenizer):
+    """Prompts of different lengths decoded together, rows leaving the batch as they end,
+    the tokens drawn for all rows at once: the same traces as the plain loop above, for
+    every batch size."""
+    from collapsecheck.engines.backends.base import prompt_seed
+    from tests.conftest import tiny_model
+
+    model = tiny_model(kind, len(demo_tokenizer), seed=1)
+    stop = demo_tokenizer.eos_token_id
+    model.generation_config.eos_token_id = stop
+    texts = ["state 1 2", "a longer prompt of more tokens than the others", "x", "state 3 4 go"]
+    prompts = [demo_tokenizer(t)["input_ids"] for t in texts]
+    params = SamplingParams(k=4, temperature=0.8, top_p=0.9, max_new_tokens=24, seed=5)
+    expected = [
+        reference_samples(model, p, 4, prompt_seed(5, i), params, stop)
+        for i, p in enumerate(prompts)
+    ]
+    lengths = {len(ids) for per_prompt in expected for ids in per_prompt}
+    assert len(lengths) > 2  # rows end at different steps: some leave the batch early
+    for sample_batch in (4, 16, 128):
+        backend = TransformersBackend(model, demo_tokenizer, sample_batch=sample_batch)
+        got = backend.generate(prompts, params, no_progress)
+        assert ids_of(got) == expected, sample_batch
+    later = backend.generate(prompts[2:], params, no_progress, offset=2)
+    assert ids_of(later) == expected[2:]  # sampled in parts, seeded by the prompt's index

@@ -35,8 +35,7 @@ COMPARE_KEYS = (
     "retrieval_accuracy",
     "mi_seq_estimate",
     "conditional_entropy_est",
-    "conditional_entropy_seq_est",
-    "effective_traces_per_prompt",
+    "conditional_entropy_seq_est",  # (effective traces: exp of this, its difference unreadable)
     "distinct_reasoning_rate",
     "valid_reasoning_rate",
 )

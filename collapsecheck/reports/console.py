@@ -20,7 +20,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from collapsecheck.formatting import format_number, plural
+from collapsecheck.formatting import format_metric, format_number, plural
 from collapsecheck.measures.image_share import READINGS, image_reading
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.per_prompt import most_collapsed
@@ -90,10 +90,13 @@ def _format(x: float) -> str:
     return format_number(x)
 
 
-def _interval(metric: MetricValue) -> str:
-    if isinstance(metric, Estimate):
-        return f"[{_format(metric.low)}, {_format(metric.high)}]"
-    return ""
+def _interval(metric: MetricValue, key: str = "") -> str:
+    """A metric's 95% interval, each end as `format_metric` shows it (none where both ends
+    are past what a person reads)."""
+    if not isinstance(metric, Estimate):
+        return ""
+    low, high = format_metric(key, metric.low), format_metric(key, metric.high)
+    return "" if low == high and low.startswith(">") else f"[{low}, {high}]"
 
 
 def metrics_table(report: Report) -> Table:
@@ -103,11 +106,11 @@ def metrics_table(report: Report) -> Table:
     table.add_column("95% interval", justify="right")
     keys = KEY_METRICS + (FLOW_METRICS if report.flow.regime != "not_measured" else ())
     for key in keys:
-        interval = _interval(report.metrics[key])
+        interval = _interval(report.metrics[key], key)
         label = key
         if key == "retrieval_accuracy":
             label += f" (chance {report.value('retrieval_chance_level'):.3f})"
-        table.add_row(label, _format(report.value(key)), interval)
+        table.add_row(label, format_metric(key, report.value(key)), interval)
     return table
 
 
@@ -223,6 +226,13 @@ def print_report(console: Console, report: Report) -> None:
         + (" (answered from the results cache)" if report.timing.get("cached") else ""),
         style="dim",
     )
+    reused = report.timing.get("samples_reused")
+    if reused and not report.timing.get("cached"):
+        console.print(
+            f"traces of {plural(reused, 'prompt')} read from the samples cache (sampled before "
+            "with the same checkpoint, prompts and sampling settings): scored, not sampled again",
+            style="dim",
+        )
     settings = report.settings
     if "backend" in settings:
         console.print(

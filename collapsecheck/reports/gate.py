@@ -12,7 +12,7 @@ from pathlib import Path
 from collapsecheck.config import GateConfig
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
-from collapsecheck.formatting import format_number
+from collapsecheck.formatting import format_metric, format_number
 from collapsecheck.measures.metrics import Estimate
 from collapsecheck.reports.report import KEY_METRICS, Report
 from collapsecheck.reports.run_report import RunReport
@@ -86,9 +86,9 @@ def write_junit(path: Path, suite: str, results: Sequence[RuleResult]) -> Path:
 def _cell(report: Report, key: str) -> str:
     metric = report.metrics[key]
     if isinstance(metric, Estimate):
-        low, high = format_number(metric.low), format_number(metric.high)
-        return f"{format_number(metric.value)} [{low}, {high}]"
-    return format_number(float(metric))
+        low, high = format_metric(key, metric.low), format_metric(key, metric.high)
+        return f"{format_metric(key, metric.value)} [{low}, {high}]"
+    return format_metric(key, float(metric))
 
 
 def markdown_run(run: RunReport) -> list[str]:

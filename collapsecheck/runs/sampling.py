@@ -63,10 +63,21 @@ class SampleStore:
         prompts = self.directory / PROMPTS_FILE
         text = self._prompts_text(rendered)
         if prompts.is_file() and prompts.read_text(encoding="utf-8") == text:
+            self._drop_cut_line()
             return
         (self.directory / SAMPLES_FILE).unlink(missing_ok=True)
         write_images(self.directory, rendered)
         write_jsonl_atomic(prompts, prompt_rows(rendered))
+
+    def _drop_cut_line(self) -> None:
+        """Cut off a last line a kill left without its end, so the next one starts afresh."""
+        path = self.directory / SAMPLES_FILE
+        if not path.is_file():
+            return
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with path.open("r+b") as stream:
+                stream.truncate(data.rfind(b"\n") + 1)
 
     def add(self, first: int, groups: Sequence[Sequence[Sample]]) -> None:
         """Append the samples of prompts `first`, `first + 1`, ..., one line each."""

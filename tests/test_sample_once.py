@@ -1,0 +1,76 @@
+"""A scan samples once: a mistake the first traces show stops it before the rest are sampled,
+and traces already sampled are scored again, never sampled again, under other scoring
+settings (SPEC "Sampling")."""
+
+import json
+
+from typer.testing import CliRunner
+
+from collapsecheck.cli import app
+from tests.conftest import HEALTHY, PROMPTS
+
+runner = CliRunner()
+FAST = ["-p", PROMPTS, "-n", "6", "-k", "4", "--max-new-tokens", "48", "--device", "cpu",
+        "--bootstrap", "100", "--fail-on", "none"]  # fmt: skip
+
+
+def scan(*args):
+    result = runner.invoke(app, ["scan", str(HEALTHY), *[str(a) for a in [*FAST, *args]]])
+    return result, " ".join(result.output.split())
+
+
+def test_no_reasoning_stops_after_the_first_traces_and_the_next_scan_samples_only_the_rest(
+    tmp_path,
+):
+    out = tmp_path / "cache"
+    wrong, said = scan("--reasoning-tags", "<reason>,</reason>", "--out", out)
+    assert wrong.exit_code == 2, wrong.output
+    assert "none of the first 8 responses (prompts 0-1) has a reasoning segment" in said
+    assert "stopped before sampling the rest" in said and "--whole-response" in said
+    assert "The first response: '" in said  # one response shown, cut short
+    assert "sampling: 2/6" in said and "sampling: 6/6" not in said  # 2 of 6 prompts sampled
+
+    whole, said = scan("--whole-response", "--out", out, "--json", tmp_path / "whole.json")
+    assert whole.exit_code == 0, whole.output
+    assert "sampling: 0/4" in said  # only the 4 prompts not sampled before
+    assert "traces of 2 prompts read from the samples cache" in said
+    report = json.loads((tmp_path / "whole.json").read_text())
+    assert report["timing"]["samples_reused"] == 2
+
+    fresh, _ = scan("--whole-response", "--out", tmp_path / "fresh", "--json", tmp_path / "f.json")
+    assert fresh.exit_code == 0, fresh.output
+    again = json.loads((tmp_path / "f.json").read_text())
+    assert again["metrics"] == report["metrics"]  # sampled in parts: the same traces
+
+    other, said = scan("--whole-response", "--negatives", "2", "--out", out)
+    assert other.exit_code == 0, other.output
+    assert "sampling:" not in said  # another scoring setting: nothing sampled again
+    assert "traces of 6 prompts read from the samples cache" in said
+
+    reseeded, said = scan("--whole-response", "--seed", "1", "--out", out)
+    assert "sampling: 0/6" in said and "read from the samples cache" not in said
+
+
+def test_a_killed_sampling_keeps_what_it_drew(tmp_path):
+    """The samples entry gets each batch as it is drawn: a scan killed while sampling loses
+    only the batch in hand; a line cut short by the kill is ignored."""
+    from collapsecheck.runs.cache import SAMPLES_DIR
+    from collapsecheck.runs.sampling import SAMPLES_FILE
+
+    out = tmp_path / "cache"
+    first, _ = scan("--whole-response", "--out", out, "--json", tmp_path / "a.json")
+    assert first.exit_code == 0, first.output
+    (entry,) = (out / SAMPLES_DIR).iterdir()
+    lines = (entry / SAMPLES_FILE).read_text().splitlines(keepends=True)
+    assert len(lines) == 6
+    (entry / SAMPLES_FILE).write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    for report in out.glob("*/report.json"):
+        report.unlink()  # as if killed before any report was written
+    resumed, said = scan("--whole-response", "--out", out, "--json", tmp_path / "b.json")
+    assert resumed.exit_code == 0, resumed.output
+    assert "sampling: 0/3" in said and "traces of 3 prompts read from the samples cache" in said
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert a["metrics"] == b["metrics"]
+    assert len((entry / SAMPLES_FILE).read_text().splitlines()) == 6  # the cut line dropped
+    whole, said = scan("--whole-response", "--negatives", "3", "--out", out)
+    assert whole.exit_code == 0 and "sampling:" not in said

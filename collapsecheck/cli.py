@@ -254,9 +254,12 @@ def write_page_and_summary(
         write_text_atomic(outputs.markdown, markdown_report(title, report, results, run, link))
 
 
-def gate_single_report(report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
-    """Write a report's outputs, print it, and apply the gate to it."""
-    from collapsecheck.reports.console import print_report
+def gate_single_report(
+    report: Any, gate: Any, title: str, outputs: OutputSettings, verbose: bool = False
+) -> None:
+    """Write a report's outputs, print it (with its timing when `verbose`), and apply the
+    gate to it."""
+    from collapsecheck.reports.console import print_report, print_timing
     from collapsecheck.reports.gate import check_report
 
     with user_errors():
@@ -265,13 +268,18 @@ def gate_single_report(report: Any, gate: Any, title: str, outputs: OutputSettin
             report.save(outputs.json_path)
         write_page_and_summary(outputs, report, title, report, results)
     print_report(stdout, report)
+    if verbose:
+        print_timing(stdout, [("", report)])
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck")
 
 
-def gate_run_report(run_report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
-    """Write a run's outputs, print its table, and apply the gate to its latest checkpoint."""
-    from collapsecheck.reports.console import print_run
+def gate_run_report(
+    run_report: Any, gate: Any, title: str, outputs: OutputSettings, verbose: bool = False
+) -> None:
+    """Write a run's outputs, print its table (and each step's timing when `verbose`), and
+    apply the gate to its latest checkpoint."""
+    from collapsecheck.reports.console import print_run, print_timing
     from collapsecheck.reports.gate import check_report
     from collapsecheck.reports.plot import plot_run
 
@@ -285,16 +293,20 @@ def gate_run_report(run_report: Any, gate: Any, title: str, outputs: OutputSetti
         title = f"{title} (latest: {latest.checkpoint.label})"
         write_page_and_summary(outputs, run_report, title, latest.report, results, run_report)
     print_run(stdout, run_report)
+    if verbose:
+        print_timing(stdout, [(s.checkpoint.label, s.report) for s in run_report.steps])
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck")
 
 
-def gate_report(report: Any, gate: Any, title: str, outputs: OutputSettings) -> None:
+def gate_report(
+    report: Any, gate: Any, title: str, outputs: OutputSettings, verbose: bool = False
+) -> None:
     """A run's report or one checkpoint's, written, printed and gated."""
     from collapsecheck.reports.run_report import RunReport
 
     gated = gate_run_report if isinstance(report, RunReport) else gate_single_report
-    gated(report, gate, title, outputs)
+    gated(report, gate, title, outputs, verbose)
 
 
 def say(line: str) -> None:
@@ -423,6 +435,15 @@ Pairs = Annotated[
     int | None, typer.Option(help="Multi-turn rollouts: (trajectory, turn) pairs to sample.")
 ]
 
+Verbose = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", "-v",
+        help="Also print where the time went: loading, sampling (new tokens per second) and "
+        "scoring (tokens per second), per checkpoint.",
+    ),
+]  # fmt: skip
+
 A = Annotated[Path, typer.Argument(help="Checkpoint A (the baseline), or its report.json.")]
 
 B = Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")]
@@ -474,6 +495,7 @@ def scan(
     rollouts: Rollouts = None,
     sample: Sample = False,
     ray: Ray = None,
+    verbose: Verbose = False,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
     from collapsecheck.reports.console import progress_bars
@@ -499,7 +521,7 @@ def scan(
         )
         if kept:
             say(kept)
-    gate_report(outcome.report, gate, str(checkpoint), outputs)
+    gate_report(outcome.report, gate, str(checkpoint), outputs, verbose)
 
 
 @app.command()
@@ -520,6 +542,7 @@ def score(
     group_field: GroupField = None,
     turn_sampling: TurnSampling = "turn",
     pairs: Pairs = None,
+    verbose: Verbose = False,
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
     from collapsecheck.inputs.rollouts import RolloutOptions
@@ -556,7 +579,7 @@ def score(
         kept = write_prompt_outputs(report, outputs, None, settings)
         if kept:
             say(kept)
-    gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs)
+    gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs, verbose)
 
 
 def checkpoint_row(path: Path, load: LoadSettings) -> Any:

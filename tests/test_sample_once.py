@@ -74,3 +74,26 @@ def test_a_killed_sampling_keeps_what_it_drew(tmp_path):
     assert len((entry / SAMPLES_FILE).read_text().splitlines()) == 6  # the cut line dropped
     whole, said = scan("--whole-response", "--negatives", "3", "--out", out)
     assert whole.exit_code == 0 and "sampling:" not in said
+
+
+def test_the_plan_counts_flow_pairs_as_a_bound():
+    """Before sampling, whether the responses hold an action is not known: the plan says
+    so instead of counting flow pairs that may never be scored."""
+    result, said = scan("--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "flow pairs per checkpoint (if the responses hold an action segment)" in said
+    assert "up to " in said
+    quiet, said = scan("--dry-run", "--no-flow")
+    assert "flow pairs" not in said
+
+
+def test_verbose_says_where_the_time_went(tmp_path):
+    result, said = scan("--whole-response", "--verbose", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    timing = json.loads((tmp_path / "r.json").read_text())["timing"]
+    assert timing["sampled_tokens"] > 0 and timing["tokens_scored"] > 0
+    line = next(x for x in result.output.splitlines() if x.startswith("time: "))
+    assert line.startswith(f"time: loading {timing['load_s']:.1f} s, sampling ")
+    assert "new tokens," in line and "/s), scoring " in line and " tokens, " in line
+    quiet, said = scan("--whole-response")
+    assert "time: " not in said

@@ -255,6 +255,36 @@ def print_report(console: Console, report: Report) -> None:
         console.print(NEXT_STEPS, style="dim")
 
 
+def rate(count: float, seconds: float | None, unit: str) -> str:
+    return f"{format_number(count)} {unit}" + (
+        f", {format_number(count / seconds)}/s" if seconds else ""
+    )
+
+
+def timing_line(timing: dict[str, Any]) -> str:
+    """Where a scan's time went (report.json's `timing`), in one line."""
+    if timing.get("cached"):
+        return "answered from the results cache"
+    parts = [f"loading {timing.get('load_s', 0):.1f} s"]
+    if "sampling_s" in timing:
+        sampled = timing.get("sampled_tokens")
+        what = rate(sampled, timing["sampling_s"], "new tokens") if sampled else ""
+        if timing.get("samples_reused"):
+            what = f"{plural(timing['samples_reused'], 'prompt')} read from the samples cache"
+        parts.append(f"sampling {timing['sampling_s']:.1f} s" + (f" ({what})" if what else ""))
+    if "scoring_s" in timing:
+        scored = rate(timing.get("tokens_scored", 0), timing["scoring_s"], "tokens")
+        parts.append(f"scoring {timing['scoring_s']:.1f} s ({scored})")
+    return ", ".join(parts)
+
+
+def print_timing(console: Console, reports: list[tuple[str, Report]]) -> None:
+    """--verbose: each report's timing line (labelled by its step in a run)."""
+    for label, report in reports:
+        prefix = f"time, step {label}: " if label else "time: "
+        console.print(prefix + timing_line(report.timing), style="dim", highlight=False)
+
+
 RUN_COLUMNS = (
     ("norm. MI", "normalized_mi"),
     ("skill", "retrieval_skill"),

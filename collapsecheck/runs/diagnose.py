@@ -738,6 +738,7 @@ def scan(
                 "started_at": started_at,
                 "load_s": round(loaded - started, 3),
                 "sampling_s": _elapsed(loaded),
+                "sampled_tokens": sum(len(s.ids) for group in drawn for s in group),
                 **({"samples_reused": reused} if reused else {}),
             }
             diagnosis = Diagnosis(

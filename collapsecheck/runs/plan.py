@@ -79,6 +79,11 @@ class ScanPlan:
         return rollouts_line(self.costs, checkpoints, cached, self.skipped)
 
 
+# The flow is scored only for responses whose action segment is found (SPEC "Information
+# flow"): before sampling, its pairs are a bound.
+FLOW_IF = " (if the responses hold an action segment)"
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
 
@@ -90,11 +95,11 @@ def sampled_line(costs: Sequence[Cost | None], checkpoints: int, cached: int) ->
     cost = costs[0]
     assert cost is not None  # a sampled unit's cost is known from its prompt file
     negatives = "all prompts" if cost.negatives is None else f"{cost.negatives} negatives"
-    flow = f", {count(cost.flow_pairs)} flow pairs" if cost.flow_pairs else ""
+    flow = f", up to {count(cost.flow_pairs)} flow pairs" if cost.flow_pairs else ""
     return (
         f"plan: {plural(checkpoints, 'checkpoint')}{f' ({cached} cached)' if cached else ''}, "
         f"{cost.prompts} prompts x {cost.samples} samples, {count(cost.xz_pairs)} X->Z pairs "
-        f"({negatives}){flow} per checkpoint; at most "
+        f"({negatives}){flow} per checkpoint{FLOW_IF if cost.flow_pairs else ''}; at most "
         f"{count(cost.max_tokens * (len(costs) - cached))} tokens to sample and score"
     )
 
@@ -109,7 +114,7 @@ def rollouts_line(costs: Sequence[Cost | None], checkpoints: int, cached: int, s
         f"{plural(checkpoints, 'checkpoint')}{f', {cached} cached' if cached else ''}, "
         f"{count(sum(c.responses for c in known))} responses, "
         f"{count(sum(c.xz_pairs for c in known))} X->Z pairs"
-        f"{f', {count(flow)} flow pairs' if flow else ''}; nothing to sample"
+        f"{f', up to {count(flow)} flow pairs{FLOW_IF}' if flow else ''}; nothing to sample"
     )
 
 

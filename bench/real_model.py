@@ -147,6 +147,7 @@ def main() -> None:
         listed = load_prompts(prompts, num_prompts=N)
         ids = [r.ids for r in render_prompts(listed, backend.tokenizer, PromptSettings())]
         params = SamplingParams(k=K, max_new_tokens=NEW_TOKENS, seed=0)
+        auto = backend.sequences_per_batch(ids, params)  # --sample-batch auto's choice
         rates = sampling_rates(backend, ids, params)
         backend.sample_batch = max(rates, key=lambda r: r["tokens"] / r["seconds"])["batch"]
         small = scored(checkpoint, prompts, backend, N, K, "all")
@@ -174,6 +175,9 @@ def main() -> None:
             f"| {flops * r['tokens'] / r['seconds'] / 1e9 / matmul:.0%} |"
             for r in rates
         ),
+        "",
+        f"`--sample-batch auto` (the default) decodes {auto} sequences together here: as "
+        "many as the memory budget holds, up to 128 on a CPU.",
         "",
         "Scoring with the cached scorer (`--whole-response`, no flow), the traces sampled at "
         "the best batch above:",

@@ -52,7 +52,10 @@ SWAPS_PER_NEGATIVE = 2
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
-DEFAULT_SAMPLE_BATCH = 128
+# --sample-batch auto: at most this many sequences decoded together, fewer where the memory
+# says so. CPU: the rate flattens from 64 rows and peaks at 128 (docs/benchmarks.md, "A real
+# pretrained model"); GPU: not measured, a bound that the memory fit usually undercuts.
+SAMPLE_BATCH_CAP = {"cpu": 128, "cuda": 512}
 
 
 def setting(
@@ -131,9 +134,11 @@ class LoadSettings:
         AUTO, "Tokens per scoring batch (batch x length), or auto (fit the memory).",
         numbers=False, cli_type=str,
     )  # fmt: skip
-    sample_batch: int = setting(
-        DEFAULT_SAMPLE_BATCH, "Sequences decoded together while sampling.", numbers=False
-    )
+    sample_batch: int | str = setting(
+        AUTO, "Sequences decoded together while sampling, or auto (as many as fit the memory, "
+        f"up to {SAMPLE_BATCH_CAP['cpu']} on CPU and {SAMPLE_BATCH_CAP['cuda']} on a GPU).",
+        numbers=False, cli_type=str,
+    )  # fmt: skip
     tensor_parallel_size: int = setting(1, "vLLM: GPUs to split the model over.", numbers=False)
     gpu_memory_utilization: float | None = setting(
         None, "vLLM: share of GPU (CPU build: host) memory to use.", numbers=False
@@ -159,7 +164,7 @@ class LoadSettings:
         object.__setattr__(self, "batch_tokens", _word_or_count(self.batch_tokens, "batch_tokens"))
         if self.base_model is not None:
             object.__setattr__(self, "base_model", Path(self.base_model))
-        _at_least(self.sample_batch, 1, "sample_batch")
+        object.__setattr__(self, "sample_batch", _word_or_count(self.sample_batch, "sample_batch"))
         _at_least(self.tensor_parallel_size, 1, "tensor_parallel_size")
         _at_least(self.max_model_len, 1, "max_model_len")
         share = self.gpu_memory_utilization

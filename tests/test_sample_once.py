@@ -48,6 +48,7 @@ def test_no_reasoning_stops_after_the_first_traces_and_the_next_scan_samples_onl
     assert "traces of 6 prompts read from the samples cache" in said
 
     reseeded, said = scan("--whole-response", "--seed", "1", "--out", out)
+    assert reseeded.exit_code == 0, reseeded.output
     assert "sampling: 0/6" in said and "read from the samples cache" not in said
 
 
@@ -84,7 +85,7 @@ def test_the_plan_counts_flow_pairs_as_a_bound():
     assert "flow pairs per checkpoint (if the responses hold an action segment)" in said
     assert "up to " in said
     quiet, said = scan("--dry-run", "--no-flow")
-    assert "flow pairs" not in said
+    assert quiet.exit_code == 0 and "flow pairs" not in said
 
 
 def test_verbose_says_where_the_time_went(tmp_path):
@@ -96,4 +97,4 @@ def test_verbose_says_where_the_time_went(tmp_path):
     assert line.startswith(f"time: loading {timing['load_s']:.1f} s, sampling ")
     assert "new tokens," in line and "/s), scoring " in line and " tokens, " in line
     quiet, said = scan("--whole-response")
-    assert "time: " not in said
+    assert quiet.exit_code == 0 and "time: " not in said

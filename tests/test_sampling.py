@@ -119,3 +119,24 @@ def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(kind, demo_token
         assert ids_of(got) == expected, sample_batch
     later = backend.generate(prompts[2:], params, no_progress, offset=2)
     assert ids_of(later) == expected[2:]  # sampled in parts, seeded by the prompt's index
+
+
+def test_auto_sample_batch_decodes_what_the_memory_holds(backend, monkeypatch):
+    from collapsecheck.engines.backends import hf
+    from collapsecheck.settings import SAMPLE_BATCH_CAP
+
+    model, length = backend.model, 100
+    assert hf.auto_sample_batch(model, length) == SAMPLE_BATCH_CAP["cpu"]
+    per_sequence = hf.kv_bytes_per_token(model) * length + 6 * model.config.vocab_size * 4
+    monkeypatch.setattr(hf, "CPU_SCORING_BUDGET", 10 * per_sequence)
+    assert hf.auto_sample_batch(model, length) == 10
+    auto = TransformersBackend(model, backend.tokenizer)
+    assert auto.sequences_per_batch([[1] * 36], SamplingParams(max_new_tokens=64)) == 10
+    assert (
+        TransformersBackend(model, backend.tokenizer, sample_batch=7).sequences_per_batch(
+            [[1] * 36], SamplingParams()
+        )
+        == 7
+    )
+    with pytest.raises(CollapsecheckError, match="--sample-batch"):
+        LoadSettings(sample_batch="lots")

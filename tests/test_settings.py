@@ -83,6 +83,26 @@ def test_only_settings_that_change_numbers_key_the_cache():
     assert base["numbers_version"] >= 1
 
 
+def test_only_settings_that_change_the_traces_key_the_samples():
+    base = Settings.build(**FAST).sampling_key()
+    for scoring_only in (
+        {"whole_response": True},
+        {"negatives": 3},
+        {"no_flow": True},
+        {"bootstrap": 50},
+        {"scorer": "naive"},
+        {"snr_top_p": 0.5},
+        {"sample_batch": 3},
+    ):
+        assert Settings.build(**{**FAST, **scoring_only}).sampling_key() == base, scoring_only
+    for changing in (
+        {"seed": 1}, {"k": 5}, {"temperature": 0.7}, {"top_p": 0.9}, {"max_new_tokens": 9},
+        {"dtype": "bfloat16"}, {"as_chat": True}, {"system_prompt": "x"},
+        {"chat_template_kwargs": '{"enable_thinking": true}'}, {"num_prompts": 3},
+    ):  # fmt: skip
+        assert Settings.build(**{**FAST, **changing}).sampling_key() != base, changing
+
+
 def test_a_batch_flag_reuses_the_cache_and_a_seed_does_not(tmp_path):
     from collapsecheck.inputs.checkpoint import require_checkpoint
 

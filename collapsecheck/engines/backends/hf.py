@@ -41,7 +41,7 @@ from collapsecheck.inputs.checkpoint import (
     resolve_device,
     resolve_dtype,
 )
-from collapsecheck.settings import DEFAULT_SAMPLE_BATCH, LoadSettings
+from collapsecheck.settings import SAMPLE_BATCH_CAP, LoadSettings
 
 
 def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
@@ -70,21 +70,45 @@ def auto_batch_tokens(model: Any) -> int:
     work space, key/values, activations). A heuristic: the out-of-memory guard backs it up."""
     config = model.config.get_text_config()
     element = next(model.parameters()).element_size()
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
     per_token = (
         4 * config.vocab_size * 4  # logits (float32), log-softmax temporaries
-        + 2 * layers * heads * head_dim * element  # keys and values
-        + 16 * hidden * element  # activations of one layer
+        + kv_bytes_per_token(model)
+        + 16 * config.hidden_size * element  # activations of one layer
     )
-    device = next(model.parameters()).device
+    budget = memory_budget(next(model.parameters()).device)
+    return int(min(max(budget // per_token, 256), 2**17))
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """The keys and values one token keeps in the cache, over all layers."""
+    config = model.config.get_text_config()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * heads * head_dim * element
+
+
+def memory_budget(device: torch.device) -> float:
+    """Bytes a batch may use: half the free GPU memory, or CPU_SCORING_BUDGET on a CPU."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = free * GPU_BUDGET_SHARE
-    else:
-        budget = CPU_SCORING_BUDGET
-    return int(min(max(budget // per_token, 256), 2**17))
+        return free * GPU_BUDGET_SHARE
+    return CPU_SCORING_BUDGET
+
+
+def auto_sample_batch(model: Any, length: int) -> int:
+    """Sequences of up to `length` tokens (prompt and response) to decode together: as many
+    as the memory budget of `auto_batch_tokens` holds at a per-sequence estimate (their
+    key/values at full length, float32 work space over the vocabulary for sampling), up to
+    SAMPLE_BATCH_CAP."""
+    vocab = model.config.get_text_config().vocab_size
+    per_sequence = (
+        kv_bytes_per_token(model) * length
+        + 6 * vocab * 4  # logits, probabilities, noise, sort (float32)
+    )
+    device = next(model.parameters()).device
+    cap = SAMPLE_BATCH_CAP["cuda" if device.type == "cuda" else "cpu"]
+    return int(max(1, min(memory_budget(device) // per_sequence, cap)))
 
 
 def resolve_batch_tokens(value: int | str, model: Any) -> int:
@@ -226,7 +250,7 @@ class TransformersBackend:
         *,
         scorer: str = "cached",
         batch_tokens: int | str = AUTO,
-        sample_batch: int = DEFAULT_SAMPLE_BATCH,
+        sample_batch: int | str = AUTO,
     ) -> None:
         embeddings = model.get_input_embeddings().num_embeddings
         if len(tokenizer) > embeddings:
@@ -426,12 +450,20 @@ class TransformersBackend:
             samples.append(Sample(tuple(row[:stop]), truncated=stop is None))
         return samples
 
+    def sequences_per_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> int:
+        """--sample-batch: the number given, or auto (`auto_sample_batch`) for the longest
+        prompt and the length limit."""
+        if self.sample_batch != AUTO:
+            return int(self.sample_batch)
+        longest = max((len(p) for p in prompts), default=0) + params.max_new_tokens
+        return auto_sample_batch(self.model, longest)
+
     @torch.inference_mode()
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
         offset: int = 0,
     ) -> list[list[Sample]]:  # fmt: skip
-        per_batch = max(1, self.sample_batch // params.k)
+        per_batch = max(1, self.sequences_per_batch(prompts, params) // params.k)
         results: list[list[Sample]] = []
         for start in range(0, len(prompts), per_batch):
             chunk = range(start, min(start + per_batch, len(prompts)))

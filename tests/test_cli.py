@@ -109,7 +109,7 @@ def bad_inputs(tmp_path):
             HEALTHY,
             PROMPTS,
             ["--reasoning-tags", "<plan>,</plan>"],
-            "no response had a reasoning segment between '<plan>' and '</plan>'",
+            "has a reasoning segment between '<plan>' and '</plan>', so the scan stopped",
         ),
         "fail-on": (HEALTHY, PROMPTS, ["--fail-on", "nonsense"], "--fail-on: unknown regime"),
     }

@@ -98,3 +98,26 @@ def test_verbose_says_where_the_time_went(tmp_path):
     assert "new tokens," in line and "/s), scoring " in line and " tokens, " in line
     quiet, said = scan("--whole-response")
     assert quiet.exit_code == 0 and "time: " not in said
+
+
+def test_a_response_writing_a_tag_lets_the_scan_go_on(demo_tokenizer):
+    """The early check stops only where nothing of the segment shows: a response with a tag
+    but no whole segment (a policy still learning the format) is sampled to the end."""
+    import pytest
+
+    from collapsecheck.engines.backends.base import Sample, decode_ids
+    from collapsecheck.engines.reasoning import ReasoningSpec
+    from collapsecheck.errors import CollapsecheckError
+    from collapsecheck.runs.sampling import reasoning_check
+
+    def samples(text):
+        ids = tuple(demo_tokenizer(text, add_special_tokens=False)["input_ids"])
+        return {0: [Sample(ids, False)] * 4, 1: [Sample(ids, False)] * 4}
+
+    check = reasoning_check(
+        lambda ids: decode_ids(demo_tokenizer, ids), ReasoningSpec(), [False, False], "HINT"
+    )
+    check(samples("up </think><answer>up</answer>"))  # a close tag: goes on
+    check(samples("<think>go up</think><answer>up</answer>"))  # a segment: goes on
+    with pytest.raises(CollapsecheckError, match="none of the first 8 responses .* HINT"):
+        check(samples("up up down <answer>up</answer>"))

@@ -6,8 +6,9 @@
   segment, negatives, flow or rewards), or the same scan after a kill, reads them back and
   samples only what is missing.
 - Checked early: the first prompts' traces are sampled before the rest (at least
-  PROBE_RESPONSES of them), and when none holds a reasoning segment the scan stops there,
-  saying which option to pass, instead of after sampling everything.
+  PROBE_RESPONSES of them), and when none holds a reasoning segment, nor even one of its
+  tags, the scan stops there, saying which option to pass, instead of after sampling
+  everything.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collapsecheck.engines.backends.base import Backend, Sample, SamplingParams
-from collapsecheck.engines.reasoning import ReasoningSpec, extract_traces
+from collapsecheck.engines.reasoning import TAGS, ReasoningSpec, extract_traces
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_jsonl_atomic
 from collapsecheck.inputs.prompts import RenderedPrompt
@@ -156,6 +157,11 @@ def sample_prompts(
     return [kept[i] for i in range(len(rendered))], len(rendered) - sum(map(len, runs))
 
 
+def mentions_a_tag(response: str, spec: ReasoningSpec) -> bool:
+    """Whether a response holds the open or the close tag of a tag-delimited segment."""
+    return spec.mode == TAGS and (spec.open_tag in response or spec.close_tag in response)
+
+
 def reasoning_check(
     decode: Callable[[Sequence[int]], str],
     spec: ReasoningSpec,
@@ -163,15 +169,16 @@ def reasoning_check(
     hint: str,
 ) -> Check:
     """A `Check` that stops the scan when none of the samples in hand holds a reasoning
-    segment: the error says how many were looked at, shows one response cut short, and
-    what to pass (`hint`)."""
+    segment, nor even one of its tags (a policy that writes the tags, if not yet a whole
+    segment, is sampled to the end and counted as usual): the error says how many were
+    looked at, shows one response cut short, and what to pass (`hint`)."""
 
     def check(samples: dict[int, list[Sample]]) -> None:
         indices = sorted(samples)
         traces = extract_traces(
             [samples[i] for i in indices], decode, spec, [opened[i] for i in indices]
         )
-        if any(t.valid for t in traces):
+        if any(t.valid or mentions_a_tag(t.response, spec) for t in traces):
             return
         shown = traces[0].response if traces else ""
         shown = shown[:SHOWN_CHARS] + ("..." if len(shown) > SHOWN_CHARS else "")

@@ -119,5 +119,5 @@ def test_a_response_writing_a_tag_lets_the_scan_go_on(demo_tokenizer):
     )
     check(samples("up </think><answer>up</answer>"))  # a close tag: goes on
     check(samples("<think>go up</think><answer>up</answer>"))  # a segment: goes on
-    with pytest.raises(CollapsecheckError, match="none of the first 8 responses .* HINT"):
+    with pytest.raises(CollapsecheckError, match=r"none of the first 8 responses .* HINT"):
         check(samples("up up down <answer>up</answer>"))

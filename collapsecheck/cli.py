@@ -205,7 +205,10 @@ ScanPrompts = Annotated[
         "training prompt file their decoded inputs are matched to.",
     ),
 ]
-Rescan = Annotated[bool, typer.Option("--rescan", help="Ignore cached results.")]
+Rescan = Annotated[
+    bool,
+    typer.Option("--rescan", help="Ignore cached results and kept traces: sample and score anew."),
+]
 
 
 def parse_train_keys(values: list[str]) -> dict[str, str]:

@@ -85,6 +85,15 @@ def _probe(directory: Path, what: str) -> None:
         raise CollapsecheckError(f"{what}: cannot write there ({err.strerror or err})") from None
 
 
+def writable(directory: Path) -> bool:
+    """Whether files can be written in `directory` (made if missing)."""
+    try:
+        _probe(directory, str(directory))
+    except CollapsecheckError:
+        return False
+    return True
+
+
 def check_output_file(path: Path | None, option: str) -> None:
     """Refuse an output file that cannot be written, before any work is done for it."""
     if path is None:

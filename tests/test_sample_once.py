@@ -121,3 +121,17 @@ def test_a_response_writing_a_tag_lets_the_scan_go_on(demo_tokenizer):
     check(samples("<think>go up</think><answer>up</answer>"))  # a segment: goes on
     with pytest.raises(CollapsecheckError, match=r"none of the first 8 responses .* HINT"):
         check(samples("up up down <answer>up</answer>"))
+
+
+def test_a_scan_without_out_keeps_its_traces_and_rescan_draws_them_anew(tmp_path):
+    """Results of a single scan are cached only with --out; its traces always are (in the
+    default cache): the second scan of the same checkpoint and prompts samples nothing, and
+    --rescan samples afresh."""
+    first, said = scan("--whole-response", "--json", tmp_path / "a.json")
+    assert first.exit_code == 0 and "sampling: 0/6" in said
+    again, said = scan("--whole-response", "--negatives", "3", "--json", tmp_path / "b.json")
+    assert again.exit_code == 0 and "sampling:" not in said
+    assert "traces of 6 prompts read from the samples cache" in said
+    fresh, said = scan("--whole-response", "--rescan")
+    assert fresh.exit_code == 0 and "sampling: 0/6" in said
+    assert "read from the samples cache" not in said

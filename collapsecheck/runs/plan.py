@@ -16,11 +16,12 @@ from pathlib import Path
 
 from collapsecheck.engines.reasoning import action_spec
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import writable
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.images import images_digest
 from collapsecheck.inputs.prompts import load_prompts
 from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions, parse_rollouts
-from collapsecheck.runs.cache import default_cache_root
+from collapsecheck.runs.cache import default_cache_root, samples_entry
 from collapsecheck.runs.cost import Cost, count, unit_cost
 from collapsecheck.runs.diagnose import require_decoded_inputs
 from collapsecheck.runs.pairing import RunRollouts, pair_rollouts, skipped_note
@@ -132,8 +133,9 @@ def plan_sampled(
     rescan: bool = False,
 ) -> ScanPlan:  # fmt: skip
     """Checkpoints sampled afresh from `prompts`, through the results cache (`cache`, else
-    the default one) when `cached`; else one checkpoint writing its dump to `dump`. Reads the
-    prompt file and the cache; no weights load."""
+    the default one) when `cached`; else one checkpoint writing its dump to `dump`, its
+    traces still kept in the cache's samples. Reads the prompt file and the cache; no
+    weights load."""
     listed = load_prompts(
         prompts, num_prompts=settings.sampling.num_prompts, field=settings.prompts.prompt_field
     )
@@ -144,10 +146,26 @@ def plan_sampled(
     )  # fmt: skip
     traces = SampledTraces(prompts, images_digest(listed))
     if cached:
-        units = [cached_unit(row, traces, settings, cache_root(cache)) for row in rows]
+        units = [cached_unit(row, traces, settings, cache_root(cache), rescan) for row in rows]
     else:
-        units = [WorkUnit(row, traces, dump) for row in rows]
+        units = [
+            WorkUnit(row, traces, dump, samples=kept_samples(row, traces, settings, cache),
+                     resample=rescan)
+            for row in rows
+        ]  # fmt: skip
     return ScanPlan(tuple(units), (cost,) * len(units), settings, rescan)
+
+
+def kept_samples(
+    row: RunCheckpoint, traces: SampledTraces, settings: Settings, cache: Path | None
+) -> Path | None:
+    """Where a scan whose results are not cached keeps its traces all the same (SPEC
+    "Sampling": sampled once): its samples entry under the cache root, or none where that
+    cannot be written."""
+    root = cache_root(cache)
+    if not writable(root):
+        return None
+    return samples_entry(root, row.checkpoint, *traces.samples_key(settings))
 
 
 def rollout_cost(parsed: ParsedRollouts, settings: Settings) -> Cost:

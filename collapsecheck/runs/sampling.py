@@ -22,7 +22,7 @@ from pathlib import Path
 from collapsecheck.engines.backends.base import Backend, Sample, SamplingParams
 from collapsecheck.engines.reasoning import TAGS, ReasoningSpec, extract_traces
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.files import write_jsonl_atomic
+from collapsecheck.files import locked, write_jsonl_atomic
 from collapsecheck.inputs.prompts import RenderedPrompt
 from collapsecheck.progress import ProgressHook
 from collapsecheck.reports.dump import PROMPTS_FILE, prompt_rows, write_images
@@ -69,6 +69,11 @@ class SampleStore:
         (self.directory / SAMPLES_FILE).unlink(missing_ok=True)
         write_images(self.directory, rendered)
         write_jsonl_atomic(prompts, prompt_rows(rendered))
+
+    def clear(self) -> None:
+        """Forget the samples kept (--rescan samples afresh)."""
+        with locked(self.directory):
+            (self.directory / SAMPLES_FILE).unlink(missing_ok=True)
 
     def _drop_cut_line(self) -> None:
         """Cut off a last line a kill left without its end, so the next one starts afresh."""

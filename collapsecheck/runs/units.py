@@ -23,6 +23,7 @@ from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import Pairing
 from collapsecheck.runs.cache import cache_entry, samples_entry
 from collapsecheck.runs.diagnose import scan, score
+from collapsecheck.runs.sampling import SampleStore
 from collapsecheck.settings import Settings
 
 
@@ -92,13 +93,15 @@ class WorkUnit:
     """One checkpoint (`row`: as the run table labels it) with its traces. `dump`: where its
     dump goes; `cached`: whether that is a results-cache entry (read back once it holds a
     report); `samples`: the samples entry its sampled traces are kept in and read back from
-    (`runs.sampling`), None where nothing is sampled or nothing is cached."""
+    (`runs.sampling`), None where nothing is sampled or nothing is cached; `resample`: its
+    kept samples are forgotten and drawn afresh (--rescan)."""
 
     row: RunCheckpoint
     traces: Traces
     dump: Path | None = None
     cached: bool = False
     samples: Path | None = None
+    resample: bool = False
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -112,7 +115,9 @@ class WorkUnit:
         return self.cached and self.dump is not None and (self.dump / REPORT_FILE).is_file()
 
 
-def cached_unit(row: RunCheckpoint, traces: Traces, settings: Settings, root: Path) -> WorkUnit:
+def cached_unit(
+    row: RunCheckpoint, traces: Traces, settings: Settings, root: Path, resample: bool = False
+) -> WorkUnit:
     """A unit whose dump is its entry in the results cache under `root` (and, for sampled
     traces, its samples entry there too)."""
     source, key = traces.cache_key(settings)
@@ -120,7 +125,7 @@ def cached_unit(row: RunCheckpoint, traces: Traces, settings: Settings, root: Pa
     samples = None
     if isinstance(traces, SampledTraces):
         samples = samples_entry(root, row.checkpoint, *traces.samples_key(settings))
-    return WorkUnit(row, traces, entry, cached=True, samples=samples)
+    return WorkUnit(row, traces, entry, cached=True, samples=samples, resample=resample)
 
 
 def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds) -> Report:
@@ -152,6 +157,8 @@ def run_unit(
     `backend`: the checkpoint already loaded; `parsed`: rollout files already read."""
     if unit.finished() and not rescan:
         return load_cached(unit.dump, unit.checkpoint, verdicts)
+    if unit.resample and unit.samples is not None:
+        SampleStore(unit.samples).clear()
     common = {
         "thresholds": verdicts.thresholds, "flow_thresholds": verdicts.flow, "dump": unit.dump,
         "progress": progress, "loaded": backend,

@@ -312,6 +312,22 @@ def gate_report(
     gated(report, gate, title, outputs, verbose)
 
 
+def tensorboard_writer(spec: str | None, run_dir: Path) -> Any:
+    """--tensorboard DIR|auto, refused before any work where tensorboard is missing or the
+    target is one checkpoint (no run, no steps)."""
+    if spec is None:
+        return None
+    from collapsecheck.inputs.discovery import find_checkpoints
+    from collapsecheck.reports.tensorboard import AUTO, TensorBoardWriter
+
+    if run_dir.exists() and find_checkpoints(run_dir)[0] is not None:
+        raise CollapsecheckError(
+            f"--tensorboard writes a run's checkpoints at their global steps: {run_dir} is one "
+            "checkpoint"
+        )
+    return TensorBoardWriter(None if spec == AUTO else Path(spec), run_dir)
+
+
 def say(line: str) -> None:
     """A line for the user beside the results (the plan, a note), on stderr."""
     stderr.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
@@ -438,6 +454,18 @@ Pairs = Annotated[
     int | None, typer.Option(help="Multi-turn rollouts: (trajectory, turn) pairs to sample.")
 ]
 
+TensorBoard = Annotated[
+    str | None,
+    typer.Option(
+        "--tensorboard", metavar="DIR|auto",
+        help="Write each checkpoint's diagnosis as TensorBoard scalars (collapse/...) at its "
+        "global step, as a run of its own in DIR/collapsecheck (point DIR into the trainer's "
+        "log folder); auto: the folder of the trainer's own event files under the run "
+        "directory. Needs the tensorboard package (the logs extra).",
+        rich_help_panel="Dashboards",
+    ),
+]  # fmt: skip
+
 Verbose = Annotated[
     bool,
     typer.Option(
@@ -498,6 +526,7 @@ def scan(
     rollouts: Rollouts = None,
     sample: Sample = False,
     ray: Ray = None,
+    tensorboard: TensorBoard = None,
     verbose: Verbose = False,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
@@ -507,6 +536,7 @@ def scan(
 
     with user_errors():
         gate = gate_settings.load()
+        dashboard = tensorboard_writer(tensorboard, checkpoint)
         request = ScanRequest(
             checkpoint, Settings(load, sampling, rendering, scoring, analysis, rewards), outputs,
             verdict_thresholds(gate), prompts, rollouts, sample, baseline,
@@ -524,7 +554,114 @@ def scan(
         )
         if kept:
             say(kept)
+        if dashboard is not None:
+            dashboard.write_run(outcome.report)
     gate_report(outcome.report, gate, str(checkpoint), outputs, verbose)
+
+
+WatchRun = Annotated[
+    Path, typer.Argument(help="The run directory a trainer is writing (it may not exist yet).")
+]
+WATCH_PANEL = "Following the run"
+Idle = Annotated[
+    float,
+    typer.Option(help="End (exit 0) after this many seconds with nothing new.",
+                 rich_help_panel=WATCH_PANEL),
+]  # fmt: skip
+Until = Annotated[
+    Path | None,
+    typer.Option(help="End (exit 0) once this file exists (one the trainer writes at its end) "
+                 "and every finished checkpoint is diagnosed.", rich_help_panel=WATCH_PANEL),
+]  # fmt: skip
+Poll = Annotated[
+    float, typer.Option(help="Seconds between looks at the run.", rich_help_panel=WATCH_PANEL)
+]
+Settle = Annotated[
+    float,
+    typer.Option(help="Seconds a checkpoint folder without its trainer's own last file must "
+                 "stay unchanged to count as complete.", rich_help_panel=WATCH_PANEL),
+]  # fmt: skip
+EveryStep = Annotated[
+    bool,
+    typer.Option("--every-step", help="Diagnose every waiting step in order (default: the "
+                 "newest first when the trainer is faster).", rich_help_panel=WATCH_PANEL),
+]  # fmt: skip
+StopOnFail = Annotated[
+    bool,
+    typer.Option("--stop-on-fail", help="A failed gate rule ends the watch with exit 1.",
+                 rich_help_panel=WATCH_PANEL),
+]  # fmt: skip
+OnFail = Annotated[
+    str | None,
+    typer.Option(help="A shell command run once at the first failed gate rule, with "
+                 "COLLAPSECHECK_STEP, _CHECKPOINT, _RULE and _MESSAGE in its environment "
+                 "(scancel $SLURM_JOB_ID; touch a stop file the trainer polls).",
+                 rich_help_panel=WATCH_PANEL),
+]  # fmt: skip
+
+
+@app.command()
+@takes_settings
+def watch(
+    run_dir: WatchRun,
+    sampling: SamplingSettings,
+    rendering: PromptSettings,
+    scoring: ScoringSettings,
+    analysis: AnalysisSettings,
+    rewards: RewardSettings,
+    load: LoadSettings,
+    gate_settings: GateSettings,
+    outputs: OutputSettings,
+    prompts: ScanPrompts = None,
+    idle: Idle = 3600.0,
+    until: Until = None,
+    poll: Poll = 10.0,
+    settle: Settle = 30.0,
+    every_step: EveryStep = False,
+    stop_on_fail: StopOnFail = False,
+    on_fail: OnFail = None,
+    tensorboard: TensorBoard = None,
+    verbose: Verbose = False,
+) -> None:
+    """Follow a run that is still training: diagnose each checkpoint as soon as its trainer
+    has written it whole, into the console, the results cache, --html and the dashboard."""
+    from collapsecheck.reports.console import print_run, print_timing, progress_bars
+    from collapsecheck.reports.outputs import check_outputs
+    from collapsecheck.runs.watch import Watch, WatchSettings
+
+    with user_errors():
+        gate = gate_settings.load()
+        if prompts is None:
+            raise CollapsecheckError(
+                "--prompts FILE is needed: watch samples each checkpoint from a prompt set"
+            )
+        check_outputs(outputs)
+        dashboard = tensorboard_writer(tensorboard, run_dir)
+        following = WatchSettings(idle, until, poll, settle, every_step, stop_on_fail, on_fail)
+
+        def after_step(run: Any, row: Any, report: Any) -> None:
+            if outputs.html is not None:
+                from collapsecheck.reports.html import write_html
+
+                write_html(outputs.html, run, f"{run_dir} (watching; latest: step {row.label})")
+            if dashboard is not None and row.step is not None:
+                dashboard.write(row.step, report)
+
+        with progress_bars(stderr) as progress:
+            watcher = Watch(
+                run_dir, prompts, Settings(load, sampling, rendering, scoring, analysis, rewards),
+                following, gate, verdict_thresholds(gate), outputs.out, say, progress,
+                after_step,
+            )  # fmt: skip
+            code = watcher.follow()
+        if watcher.followed.done:
+            run = watcher.run_report()
+            if outputs.json_path is not None:
+                run.save(outputs.json_path)
+            print_run(stdout, run)
+            if verbose:
+                print_timing(stdout, [(s.checkpoint.label, s.report) for s in run.steps])
+    raise typer.Exit(code)
 
 
 @app.command()

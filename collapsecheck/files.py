@@ -28,6 +28,10 @@ def _current_umask() -> int:
 FILE_MODE = 0o666 & ~_current_umask()
 
 
+class DirectoryBusy(CollapsecheckError):
+    """Another process holds the directory (a second watcher on one results cache, say)."""
+
+
 @contextmanager
 def locked(directory: Path) -> Iterator[None]:
     """Hold the directory for one writer: a second scan writing there gets a clear error."""
@@ -37,7 +41,7 @@ def locked(directory: Path) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise CollapsecheckError(
+            raise DirectoryBusy(
                 f"{directory}: another collapsecheck scan is writing here; wait for it to end "
                 "or give another output directory"
             ) from None

@@ -334,7 +334,7 @@ class RewardSettings:
         _require(0 < self.snr_top_p <= 1, f"--snr-top-p must be in (0, 1], got {self.snr_top_p}")
 
 
-SCAN, SCORE, COMPARE = "scan", "score", "compare"
+SCAN, SCORE, COMPARE, WATCH = "scan", "score", "compare", "watch"
 
 
 @dataclass(frozen=True)
@@ -344,7 +344,7 @@ class OutputSettings:
     model loads."""
 
     json_path: Path | None = output(
-        "Write the JSON report.", flags=("--json",), commands=(SCAN, SCORE, COMPARE)
+        "Write the JSON report.", flags=("--json",), commands=(SCAN, SCORE, COMPARE, WATCH)
     )
     markdown: Path | None = output("Write a Markdown summary.", commands=(SCAN, SCORE, COMPARE))
     junit: Path | None = output(
@@ -353,8 +353,9 @@ class OutputSettings:
     plot: Path | None = output("Draw a run's picture to this PNG.", commands=(SCAN,))
     html: Path | None = output(
         "Write one self-contained HTML page: the verdict, the cross-scoring matrix, the traces "
-        "side by side, the per-prompt table (a run: its plot and every step's matrix).",
-        commands=(SCAN, SCORE, COMPARE),
+        "side by side, the per-prompt table (a run: its plot and every step's matrix; watch: "
+        "rewritten after every step).",
+        commands=(SCAN, SCORE, COMPARE, WATCH),
     )  # fmt: skip
     per_prompt: Path | None = output(
         "Write the per-prompt table (CSV, or parquet by its extension).", commands=(SCAN, SCORE)
@@ -370,7 +371,7 @@ class OutputSettings:
     )  # fmt: skip
     out: Path | None = output(
         "Results cache directory (default ~/.cache/collapsecheck for runs).",
-        commands=(SCAN, COMPARE), directory=True,
+        commands=(SCAN, COMPARE, WATCH), directory=True,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -1,0 +1,111 @@
+"""When a checkpoint that a trainer is still writing is complete, by the rule of the writer
+that wrote it (docs/runs.md "Watching a run that is still going"). A folder is read only once
+its writer is done with it, never while it is being written:
+
+- TRL and the Hugging Face Trainer (`checkpoint-N`): `trainer_state.json` is the last file
+  `Trainer._save_checkpoint` writes.
+- veRL (`global_step_N`): its checkpoint manager updates the run's
+  `latest_checkpointed_iteration.txt` after a save is whole: complete when it names N or a
+  later step.
+- Any other folder (a Hugging Face save directory, a veRL folder without the tracker file, a
+  `checkpoint-N` without its trainer state): its weights present (every shard its index
+  names, where sharded), and none of its files changed between two looks at least `settle`
+  seconds apart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRAINER_STATE = "trainer_state.json"
+VERL_TRACKER = "latest_checkpointed_iteration.txt"
+TRL_FOLDER = re.compile(r"checkpoint-(\d+)")
+VERL_FOLDER = re.compile(r"global_step_(\d+)")
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "model_world_size_*_rank_*.pt")
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+Signature = tuple[tuple[str, int, int], ...]
+
+
+def files_signature(folder: Path) -> Signature:
+    """Every file under `folder` with its size and modification time."""
+    out = []
+    for path in sorted(folder.rglob("*")):
+        try:
+            if path.is_file():
+                stat = path.stat()
+                out.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+        except OSError:  # removed while listed
+            continue
+    return tuple(out)
+
+
+def weights_present(folder: Path) -> bool:
+    """Weights in the folder (or one level down, as veRL's `actor/`), and every shard that a
+    sharded save's index names."""
+    for index_name in INDEXES:
+        for index in [folder / index_name, *folder.glob(f"*/{index_name}")]:
+            if index.is_file():
+                try:
+                    shards = set(
+                        json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()
+                    )
+                except (OSError, ValueError, KeyError, TypeError):
+                    return False  # being written
+                return all((index.parent / shard).is_file() for shard in shards)
+    return any(any(folder.glob(p)) or any(folder.glob(f"*/{p}")) for p in WEIGHTS)
+
+
+def verl_tracker_step(run_dir: Path) -> int | None:
+    """The step veRL's tracker file names (None: no tracker, or one being written)."""
+    try:
+        return int((run_dir / VERL_TRACKER).read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Completeness:
+    """Decides, look after look, which checkpoint folders are complete. `settle`: seconds a
+    folder without its writer's own mark must stay unchanged."""
+
+    settle: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    _seen: dict[Path, tuple[Signature, float]] = field(default_factory=dict)
+
+    def rule(self, folder: Path, run_dir: Path) -> str:
+        """Which rule decides this folder (docs/runs.md names them)."""
+        if TRL_FOLDER.fullmatch(folder.name) and (folder / TRAINER_STATE).is_file():
+            return "trainer_state"
+        if VERL_FOLDER.fullmatch(folder.name) and verl_tracker_step(run_dir) is not None:
+            return "verl_tracker"
+        return "settled"
+
+    def complete(self, folder: Path, run_dir: Path) -> bool:
+        rule = self.rule(folder, run_dir)
+        if rule == "trainer_state":
+            return weights_present(folder)
+        if rule == "verl_tracker":
+            match = VERL_FOLDER.fullmatch(folder.name)
+            tracked = verl_tracker_step(run_dir)
+            return match is not None and tracked is not None and tracked >= int(match.group(1))
+        return self._settled(folder)
+
+    def _settled(self, folder: Path) -> bool:
+        signature, now = files_signature(folder), self.clock()
+        seen = self._seen.get(folder)
+        if seen is None or seen[0] != signature:
+            self._seen[folder] = (signature, now)
+            return False
+        return bool(signature) and now - seen[1] >= self.settle and weights_present(folder)
+
+
+def written_at(folder: Path) -> float:
+    """When the folder's writer last wrote to it (the newest file's modification time)."""
+    times = [path.stat().st_mtime for path in folder.rglob("*") if path.is_file()]
+    return max(times, default=folder.stat().st_mtime)

@@ -1,0 +1,285 @@
+"""`collapsecheck watch RUN_DIR`: the sidecar of a run that is still going. Look after look it
+re-plans the run (`runs.plan`, one unit per checkpoint folder its writer has finished:
+`inputs.completeness`) and hands the units still to do to this process's executor
+(`runs.executors.run_here`), the newest first; each step's diagnosis goes to the console, the
+results cache, the run's page and the team's dashboard.
+
+Killed at any moment (SIGKILL included) and started again with the same command, it
+diagnoses no step twice (a finished step's report is in the results cache) and loses none (a
+step killed while sampling keeps the prompts already drawn: `runs.sampling`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from collapsecheck.config import GateConfig
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.files import DirectoryBusy
+from collapsecheck.formatting import format_number
+from collapsecheck.inputs.checkpoint import detect_checkpoint
+from collapsecheck.inputs.completeness import Completeness, weights_present, written_at
+from collapsecheck.inputs.discovery import RunCheckpoint, step_number
+from collapsecheck.progress import ProgressHook, silent
+from collapsecheck.reports.gate import RuleResult, check_report, failures
+from collapsecheck.reports.report import Report
+from collapsecheck.reports.run_report import RunReport
+from collapsecheck.runs.executors import run_here
+from collapsecheck.runs.join import join
+from collapsecheck.runs.plan import ScanPlan, plan_sampled
+from collapsecheck.runs.run import run_context
+from collapsecheck.runs.units import VerdictThresholds, WorkUnit
+from collapsecheck.settings import Settings
+
+Say = Callable[[str], None]
+EXIT_FAIL = 1
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """How `watch` follows a run: each field named like its flag."""
+
+    idle: float = 3600.0  # seconds with nothing new before the watch ends (exit 0)
+    until: Path | None = None  # a file the trainer writes at the end: the watch ends
+    poll: float = 10.0  # seconds between looks at the run directory
+    settle: float = 30.0  # seconds a folder without its writer's own mark must stay unchanged
+    every_step: bool = False  # every waiting step in order (default: the newest first)
+    stop_on_fail: bool = False  # a failed gate rule ends the watch with the gate's exit code
+    on_fail: str | None = None  # a shell command run once, on the first failed gate rule
+
+    def __post_init__(self) -> None:
+        for name in ("idle", "poll", "settle"):
+            if getattr(self, name) < 0:
+                raise CollapsecheckError(f"--{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class Followed:
+    """What the watch has seen of the run: the steps diagnosed (their units and reports, in
+    this process or before it, from the results cache), the folders the trainer deleted, and
+    whether --on-fail has run."""
+
+    done: dict[str, tuple[WorkUnit, Report]] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)
+    queued: dict[str, RunCheckpoint] = field(default_factory=dict)  # ready, not yet diagnosed
+    busy: set[str] = field(default_factory=set)  # being diagnosed by another process
+    fired: bool = False
+
+    def notice_deleted(self, rows: list[RunCheckpoint], say: Say) -> None:
+        """Steps that were waiting at the last look and are gone now: named, and skipped."""
+        present = {row.name for row in rows}
+        for name, row in list(self.queued.items()):
+            if name not in present and name not in self.done and not row.checkpoint.path.exists():
+                deleted(row, self, say)
+        self.queued = {row.name: row for row in rows if row.name not in self.done}
+
+    def run_report(self, run_dir: Path, settings: Settings) -> RunReport:
+        """The run report of every step diagnosed so far, in step order (a step the trainer
+        deleted since keeps its row)."""
+        pairs = sorted(self.done.values(), key=lambda pair: order(pair[0].row))
+        units = tuple(unit for unit, _ in pairs)
+        rows = [unit.row for unit in units]
+        try:
+            _, context = run_context(run_dir, settings, rows, [], True, None, None)
+        except CollapsecheckError:  # the trainer's log, mid-write or unreadable: left out
+            _, context = run_context(run_dir, settings, rows, [], False, None, None)
+        plan = ScanPlan(units, (None,) * len(units), settings)
+        return join(plan, [report for _, report in pairs], context)
+
+
+def order(row: RunCheckpoint) -> tuple[bool, int, str]:
+    return (row.step is None, row.step or 0, row.name)
+
+
+def ready_rows(run_dir: Path, completeness: Completeness, gone: set[str]) -> list[RunCheckpoint]:
+    """The checkpoint folders under the run directory that their writer has finished."""
+    rows = []
+    for folder in step_folders(run_dir):
+        try:
+            if folder.name in gone or not completeness.complete(folder, run_dir):
+                continue
+            checkpoint = detect_checkpoint(folder)
+        except OSError:  # removed while looked at: the next look says so
+            continue
+        if checkpoint is not None:
+            rows.append(RunCheckpoint(folder.name, step_number(folder.name), checkpoint))
+    return sorted(rows, key=order)
+
+
+def step_folders(run_dir: Path) -> list[Path]:
+    try:
+        return sorted(p for p in run_dir.iterdir() if p.is_dir())
+    except OSError:  # not there yet
+        return []
+
+
+def plan_units(
+    rows: list[RunCheckpoint], prompts: Path, settings: Settings, cache: Path | None,
+    followed: Followed, say: Say,
+) -> list[WorkUnit]:  # fmt: skip
+    """One unit per ready row through the results cache; a folder deleted while it is
+    planned is named and left out."""
+    units = []
+    for row in rows:
+        try:
+            (unit,) = plan_sampled([row], prompts, settings, cache=cache).units
+        except Exception:  # whatever reading a vanished folder raises
+            if row.checkpoint.path.exists():
+                raise
+            deleted(row, followed, say)
+            continue
+        units.append(unit)
+    return units
+
+
+def deleted(row: RunCheckpoint, followed: Followed, say: Say) -> None:
+    followed.gone.add(row.name)
+    followed.queued.pop(row.name, None)
+    say(f"step {row.label}: {row.checkpoint.path} was deleted by the trainer before its "
+        "diagnosis; skipped")  # fmt: skip
+
+
+def step_line(report: Report, row: RunCheckpoint, written: float) -> str:
+    """One line per diagnosed step: its verdict and the lag from written to diagnosed."""
+    lag = time.time() - written
+    at = datetime.fromtimestamp(written).strftime("%H:%M:%S")
+    return (
+        f"step {row.label}: {report.verdict.regime}, normalized MI "
+        f"{format_number(report.value('normalized_mi'))}, retrieval skill "
+        f"{format_number(report.value('retrieval_skill'))} (written {at}, diagnosed "
+        f"{lag:.0f} s later)"
+    )
+
+
+def run_on_fail(command: str, row: RunCheckpoint, failed: list[RuleResult], say: Say) -> None:
+    """--on-fail: the command, once, with the failing step and rules in its environment."""
+    env = {
+        **os.environ,
+        "COLLAPSECHECK_STEP": row.label,
+        "COLLAPSECHECK_CHECKPOINT": str(row.checkpoint.path),
+        "COLLAPSECHECK_RULE": ",".join(r.name for r in failed),
+        "COLLAPSECHECK_MESSAGE": "; ".join(r.message for r in failed),
+    }
+    done = subprocess.run(command, shell=True, env=env, check=False)
+    say(f"--on-fail ran ({command!r}), exit {done.returncode}")
+
+
+@dataclass
+class Watch:
+    """One watch of one run: its inputs, how it follows the run, what it writes after each
+    step (`after_step`: the page, the dashboards), and the gate."""
+
+    run_dir: Path
+    prompts: Path
+    settings: Settings
+    watch: WatchSettings
+    gate: GateConfig
+    verdicts: VerdictThresholds
+    cache: Path | None = None
+    say: Say = print
+    progress: ProgressHook = silent
+    after_step: Callable[[RunReport, RunCheckpoint, Report], None] = lambda run, row, rep: None
+    followed: Followed = field(default_factory=Followed)
+
+    def follow(self) -> int:
+        """Diagnose each step as it lands until the run ends; the exit code."""
+        completeness = Completeness(self.watch.settle)
+        last_news = time.monotonic()
+        if not self.run_dir.is_dir():
+            self.say(f"waiting for {self.run_dir} to appear")
+        while True:
+            rows = ready_rows(self.run_dir, completeness, self.followed.gone)
+            self.followed.notice_deleted(rows, self.say)
+            units = plan_units(rows, self.prompts, self.settings, self.cache, self.followed,
+                               self.say)  # fmt: skip
+            self.read_finished(units)
+            todo = [u for u in units if u.row.name not in self.followed.done]
+            if not todo:
+                if self.watch.until is not None and self.watch.until.exists():
+                    self.say(f"the run ended ({self.watch.until} exists)")
+                    self.say_left_out()
+                    return 0
+                if time.monotonic() - last_news >= self.watch.idle:
+                    self.say(f"nothing new for {self.watch.idle:g} s: the watch ends")
+                    self.say_left_out()
+                    return 0
+                time.sleep(self.watch.poll)
+                continue
+            last_news = time.monotonic()
+            unit = self.next_unit(todo)
+            code = self.diagnose(unit)
+            if code is not None:
+                return code
+
+    def say_left_out(self) -> None:
+        """At the end: folders with weights that their writer's rule never called complete
+        (still settling, say) are named, not silently left out."""
+        for folder in step_folders(self.run_dir):
+            seen = folder.name in self.followed.done or folder.name in self.followed.gone
+            if not seen and weights_present(folder):
+                self.say(f"not diagnosed: {folder} was not complete by its writer's rule when "
+                         "the run ended")  # fmt: skip
+
+    def next_unit(self, todo: list[WorkUnit]) -> WorkUnit:
+        """The newest waiting step (--every-step: the oldest), saying so when several wait:
+        diagnosing takes longer than the trainer takes to write the next step."""
+        todo = sorted(todo, key=lambda u: order(u.row))
+        unit = todo[0] if self.watch.every_step else todo[-1]
+        if len(todo) > 1:
+            waiting = ", ".join(u.label for u in todo)
+            how = "in order (--every-step)" if self.watch.every_step else "the newest first"
+            self.say(f"falling behind the trainer: steps {waiting} are waiting; diagnosing {how}"
+                     f" (step {unit.label})")  # fmt: skip
+        return unit
+
+    def read_finished(self, units: list[WorkUnit]) -> None:
+        """Steps the results cache already holds (diagnosed before a restart): read, said
+        once, and written to the dashboards (which keep each step once)."""
+        for unit in units:
+            if unit.finished() and unit.row.name not in self.followed.done:
+                (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
+                                     labelled=False)  # fmt: skip
+                self.followed.done[unit.row.name] = (unit, report)
+                self.say(f"step {unit.label}: {report.verdict.regime} (from the results cache)")
+                self.after_step(self.run_report(), unit.row, report)
+
+    def run_report(self) -> RunReport:
+        return self.followed.run_report(self.run_dir, self.settings)
+
+    def diagnose(self, unit: WorkUnit) -> int | None:
+        """Diagnose one step, write what follows it, and apply the gate; an exit code where
+        the watch ends."""
+        written = written_at(unit.checkpoint.path)
+        plan = ScanPlan((unit,), (None,), self.settings)
+        try:
+            (report,) = run_here(plan, self.verdicts, self.progress, labelled=True)
+        except DirectoryBusy:  # a second watcher on the same results cache has this step
+            if unit.row.name not in self.followed.busy:
+                self.followed.busy.add(unit.row.name)
+                self.say(f"step {unit.label}: another process is diagnosing it; its report "
+                         "will be read from the results cache")  # fmt: skip
+            time.sleep(self.watch.poll)
+            return None
+        except Exception:  # whatever loading a vanished folder raises
+            if unit.checkpoint.path.exists():
+                raise
+            deleted(unit.row, self.followed, self.say)
+            return None
+        self.followed.done[unit.row.name] = (unit, report)
+        self.say(step_line(report, unit.row, written))
+        self.after_step(self.run_report(), unit.row, report)
+        failed = failures(check_report(report, self.gate))
+        if not failed:
+            return None
+        for rule in failed:
+            self.say(f"gate failed at step {unit.label} (rule: {rule.name}): {rule.message}")
+        if self.watch.on_fail and not self.followed.fired:
+            self.followed.fired = True
+            run_on_fail(self.watch.on_fail, unit.row, failed, self.say)
+        return EXIT_FAIL if self.watch.stop_on_fail else None

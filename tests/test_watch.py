@@ -1,0 +1,350 @@
+"""`collapsecheck watch`: a run that is still going, diagnosed checkpoint by checkpoint as its
+trainer finishes writing each one, into the results cache, the page and TensorBoard; killed and
+started again, it diagnoses no step twice and loses none."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from collapsecheck.config import GateSettings
+from collapsecheck.inputs.completeness import (
+    TRAINER_STATE,
+    VERL_TRACKER,
+    Completeness,
+)
+from collapsecheck.runs.units import VerdictThresholds
+from collapsecheck.runs.watch import Watch, WatchSettings
+from collapsecheck.settings import Settings
+from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
+
+FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "bootstrap": 100}
+FAST_FLAGS = ["-p", str(PROMPTS), "-n", "6", "-k", "4", "--max-new-tokens", "48",
+              "--device", "cpu", "--bootstrap", "100"]  # fmt: skip
+
+
+def write_slowly(source: Path, target: Path, pause: float = 0.05) -> None:
+    """A trainer's save, as slow as a big one: every file in two halves with a pause
+    between, trainer_state.json last (as `Trainer._save_checkpoint` writes it)."""
+    target.mkdir(parents=True)
+    files = sorted(p for p in source.iterdir() if p.is_file())
+    files.sort(key=lambda p: p.name == TRAINER_STATE)
+    for path in files:
+        data = path.read_bytes()
+        with (target / path.name).open("wb") as stream:
+            stream.write(data[: len(data) // 2])
+            stream.flush()
+            time.sleep(pause)
+            stream.write(data[len(data) // 2 :])
+        time.sleep(pause)
+
+
+def mark_saved(folder: Path, step: int) -> None:
+    """The file the Trainer writes last into checkpoint-N."""
+    (folder / TRAINER_STATE).write_text(json.dumps({"global_step": step, "log_history": []}))
+
+
+def trl_checkpoint(source: Path, target: Path, step: int) -> None:
+    write_slowly(source, target)
+    mark_saved(target, step)
+
+
+def watcher(run_dir: Path, cache: Path, lines: list[str], **options) -> Watch:
+    settings = Settings.build(**FAST)
+    gate = GateSettings(fail_on="none").load()
+    follow = WatchSettings(**{"idle": 3.0, "poll": 0.2, "settle": 0.5, **options})
+    return Watch(run_dir, PROMPTS, settings, follow, gate, VerdictThresholds(), cache,
+                 lines.append)  # fmt: skip
+
+
+# -- when a checkpoint is complete -------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_each_writers_rule(tmp_path):
+    clock = Clock()
+    rules = Completeness(settle=5, clock=clock)
+    run = tmp_path / "run"
+    # TRL: not before trainer_state.json, which the Trainer writes last
+    trl = run / "checkpoint-10"
+    shutil.copytree(HEALTHY, trl)
+    assert not (trl / TRAINER_STATE).exists() and rules.rule(trl, run) == "settled"
+    (trl / TRAINER_STATE).write_text("{}")
+    assert rules.rule(trl, run) == "trainer_state" and rules.complete(trl, run)
+    # veRL: the tracker file names the step once the save is whole
+    verl = run / "global_step_20"
+    shutil.copytree(HEALTHY, verl / "actor" / "huggingface")
+    (run / VERL_TRACKER).write_text("10")
+    assert rules.rule(verl, run) == "verl_tracker" and not rules.complete(verl, run)
+    (run / VERL_TRACKER).write_text("20")
+    assert rules.complete(verl, run)
+    # any other folder: weights present and nothing changed for `settle` seconds
+    plain = run / "final"
+    shutil.copytree(HEALTHY, plain)
+    assert not rules.complete(plain, run)  # first look
+    clock.now = 4
+    assert not rules.complete(plain, run)
+    (plain / "config.json").write_text((plain / "config.json").read_text() + " ")
+    clock.now = 8
+    assert not rules.complete(plain, run)  # it changed: the wait starts again
+    clock.now = 13
+    assert rules.complete(plain, run)
+
+
+def test_a_sharded_save_waits_for_every_shard_its_index_names(tmp_path):
+    clock = Clock()
+    rules = Completeness(settle=1, clock=clock)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors",
+                            "b": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    for now in (0, 5, 10):
+        clock.now = now
+        assert not rules.complete(folder, tmp_path)
+    (folder / "model-00002-of-00002.safetensors").write_bytes(b"y")
+    clock.now, _ = 20, rules.complete(folder, tmp_path)
+    clock.now = 30
+    assert rules.complete(folder, tmp_path)
+
+
+# -- the watch, in this process -----------------------------------------------------------
+
+
+def test_checkpoints_written_slowly_are_diagnosed_once_each_as_they_land(tmp_path):
+    """A trainer writes two checkpoints slowly, half a file at a time, into a run directory
+    that does not exist when the watch starts; each is diagnosed once, after it is whole,
+    with the numbers of a scan of the finished folder."""
+    from collapsecheck import scan
+
+    run, lines = tmp_path / "run", []
+
+    def trainer():
+        time.sleep(0.5)
+        trl_checkpoint(HEALTHY, run / "checkpoint-100", 100)
+        trl_checkpoint(COLLAPSED, run / "checkpoint-200", 200)
+
+    writing = threading.Thread(target=trainer)
+    writing.start()
+    watch = watcher(run, tmp_path / "cache", lines, idle=4.0, every_step=True)
+    assert watch.follow() == 0
+    writing.join()
+    said = "\n".join(lines)
+    assert f"waiting for {run} to appear" in said
+    assert said.count("step 100: grounded") == 1 and said.count("step 200: template_collapse") == 1
+    assert "diagnosed" in said and "nothing new for 4 s: the watch ends" in said
+    report = watch.followed.done["checkpoint-100"][1]
+    assert report.metrics == scan(HEALTHY, PROMPTS, **FAST).metrics
+
+
+def test_the_newest_first_when_the_trainer_is_faster_and_a_deleted_step_is_skipped(tmp_path):
+    run, lines = tmp_path / "run", []
+    for step, source in ((100, HEALTHY), (200, HEALTHY), (300, COLLAPSED)):
+        shutil.copytree(source, run / f"checkpoint-{step}")
+        mark_saved(run / f"checkpoint-{step}", step)
+    watch = watcher(run, tmp_path / "cache", lines)
+
+    def start(stage, total):  # the trainer's save_total_limit removes step 200 meanwhile
+        if stage.endswith("step 300") and (run / "checkpoint-200").exists():
+            shutil.rmtree(run / "checkpoint-200")
+        return lambda n: None
+
+    watch.progress = start
+    assert watch.follow() == 0
+    said = "\n".join(lines)
+    assert "falling behind the trainer: steps 100, 200, 300 are waiting; diagnosing the " \
+        "newest first (step 300)" in said  # fmt: skip
+    assert said.index("step 300: template_collapse") < said.index("step 100: grounded")
+    assert said.count(f"step 200: {run / 'checkpoint-200'} was deleted by the trainer") == 1
+    assert [s.checkpoint.label for s in watch.run_report().steps] == ["100", "300"]
+
+
+def test_a_step_deleted_before_its_model_loads_is_named_and_skipped(tmp_path):
+    run, lines = tmp_path / "run", []
+    for step in (100, 200):
+        shutil.copytree(HEALTHY, run / f"checkpoint-{step}")
+        mark_saved(run / f"checkpoint-{step}", step)
+    watch = watcher(run, tmp_path / "cache", lines, every_step=True)
+
+    def start(stage, total):
+        if stage == "run" and watch.followed.done and (run / "checkpoint-200").exists():
+            shutil.rmtree(run / "checkpoint-200")  # planned, then gone before loading
+        return lambda n: None
+
+    watch.progress = start
+    assert watch.follow() == 0
+    said = "\n".join(lines)
+    assert f"step 200: {run / 'checkpoint-200'} was deleted by the trainer before its " \
+        "diagnosis; skipped" in said  # fmt: skip
+    assert [s.checkpoint.label for s in watch.run_report().steps] == ["100"]
+
+
+def test_a_failed_gate_runs_on_fail_once_and_stops_the_watch(tmp_path):
+    run, lines = tmp_path / "run", []
+    for step, source in ((100, COLLAPSED), (200, COLLAPSED)):
+        shutil.copytree(source, run / f"checkpoint-{step}")
+        mark_saved(run / f"checkpoint-{step}", step)
+    marker = tmp_path / "stop"
+    command = f'echo "$COLLAPSECHECK_STEP $COLLAPSECHECK_RULE" >> {marker}'
+    watch = watcher(run, tmp_path / "cache", lines, every_step=True, on_fail=command)
+    watch.gate = GateSettings().load()  # the default gate: fail on a collapse
+    assert watch.follow() == 0  # without --stop-on-fail the watch goes on to its end
+    said = "\n".join(lines)
+    assert "gate failed at step 100 (rule: regime)" in said
+    assert "gate failed at step 200 (rule: regime)" in said
+    assert marker.read_text() == "100 regime\n"  # once, at the first failure
+    stopping = watcher(run, tmp_path / "cache2", [], stop_on_fail=True)
+    stopping.gate = GateSettings().load()
+    assert stopping.follow() == 1
+
+
+def test_until_ends_the_watch_once_every_finished_step_is_diagnosed(tmp_path):
+    run, lines = tmp_path / "run", []
+    shutil.copytree(HEALTHY, run / "checkpoint-100")
+    mark_saved(run / "checkpoint-100", 100)
+    done = tmp_path / "training-done"
+    done.write_text("")
+    watch = watcher(run, tmp_path / "cache", lines, idle=600.0, until=done)
+    started = time.monotonic()
+    assert watch.follow() == 0
+    assert time.monotonic() - started < 120
+    said = "\n".join(lines)
+    assert said.index("step 100: grounded") < said.index(f"the run ended ({done} exists)")
+
+
+# -- TensorBoard ------------------------------------------------------------------------
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}  # fmt: skip
+
+
+def test_tensorboard_scalars_land_beside_the_trainers_and_a_restart_adds_no_point(tmp_path):
+    """Read back with TensorBoard's own reader: the collapse/ keys at each checkpoint's
+    global step, in a run of their own beside the trainer's event file (found by auto)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from collapsecheck.reports.tensorboard import TensorBoardWriter
+
+    run, lines = tmp_path / "run", []
+    for step, source in ((100, HEALTHY), (200, COLLAPSED)):
+        shutil.copytree(source, run / f"checkpoint-{step}")
+        mark_saved(run / f"checkpoint-{step}", step)
+    trainer_logs = run / "runs" / "Nov25_06-00-00_host"
+    trainer = SummaryWriter(str(trainer_logs))
+    for step in (100, 200):
+        trainer.add_scalar("train/reward", step / 1000, step)
+    trainer.close()
+    dashboard = TensorBoardWriter(None, run)  # --tensorboard auto
+    for _ in range(2):  # the same command again: each step's point once
+        watch = watcher(run, tmp_path / "cache", lines, idle=0.5)
+        watch.after_step = lambda run_report, row, report: dashboard.write(row.step, report)
+        assert watch.follow() == 0
+    ours = {tag: sorted(points) for tag, points in scalars(trainer_logs / "collapsecheck").items()}
+    assert [step for step, _ in ours["collapse/normalized_mi"]] == [100, 200]  # once each
+    assert [value for _, value in ours["collapse/verdict_code"]] == [0.0, 2.0]
+    assert ours["collapse/normalized_mi"][0][1] > 0.5 > ours["collapse/normalized_mi"][1][1]
+    assert not any("_ema" in tag for tag in ours)
+    assert scalars(trainer_logs)["train/reward"][-1] == (200, pytest.approx(0.2))
+    assert "step 100: grounded (from the results cache)" in "\n".join(lines)
+
+
+# -- killed and started again, as a separate process --------------------------------------
+
+
+def test_sigkill_then_the_same_command_diagnoses_no_step_twice_and_loses_none(tmp_path):
+    run = tmp_path / "run"
+    for step, source in ((100, HEALTHY), (200, COLLAPSED)):
+        shutil.copytree(source, run / f"checkpoint-{step}")
+        mark_saved(run / f"checkpoint-{step}", step)
+    command = [sys.executable, "-m", "collapsecheck", "watch", str(run), *FAST_FLAGS,
+               "--out", str(tmp_path / "cache"), "--every-step", "--idle", "2", "--poll",
+               "0.2", "--fail-on", "none"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             text=True, env=env)  # fmt: skip
+    seen = []
+    for line in first.stderr:  # killed as step 200's scoring starts: sampled, not scored
+        seen.append(line)
+        if line.startswith("scoring, step 200: 0/"):
+            first.send_signal(signal.SIGKILL)
+            break
+    first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL
+    assert any(line.startswith("step 100: grounded") for line in seen)
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    said = again.stderr
+    assert "step 100: grounded (from the results cache)" in said  # not diagnosed twice
+    assert "sampling, step 200" not in said  # its traces were kept: not sampled twice
+    assert said.count("step 200: template_collapse, normalized MI") == 1  # diagnosed once
+    assert "100" in again.stdout and "200" in again.stdout  # the run table, both steps
+
+
+def test_a_step_another_watcher_holds_is_waited_for_not_a_crash(tmp_path):
+    """Two watchers on one results cache: the step's entry is held by the other (the lock
+    every scan takes); this one says so once, waits, and goes on when it is free."""
+    import fcntl
+
+    from collapsecheck.files import LOCK_FILE
+    from collapsecheck.inputs.checkpoint import detect_checkpoint
+    from collapsecheck.inputs.discovery import RunCheckpoint
+    from collapsecheck.runs.plan import plan_sampled
+
+    run, cache, lines = tmp_path / "run", tmp_path / "cache", []
+    folder = run / "checkpoint-100"
+    shutil.copytree(HEALTHY, folder)
+    mark_saved(folder, 100)
+    watch = watcher(run, cache, lines, idle=1.0)
+    row = RunCheckpoint(folder.name, 100, detect_checkpoint(folder))
+    (unit,) = plan_sampled([row], PROMPTS, watch.settings, cache=cache).units
+    unit.dump.mkdir(parents=True)
+    with (unit.dump / LOCK_FILE).open("w") as held:  # the other watcher, mid-step
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        release = threading.Timer(1.5, lambda: fcntl.flock(held, fcntl.LOCK_UN))
+        release.start()
+        assert watch.follow() == 0
+        release.join()
+    said = "\n".join(lines)
+    assert said.count("step 100: another process is diagnosing it") == 1
+    assert said.count("step 100: grounded") == 1
+
+
+def test_scan_of_a_finished_run_writes_its_steps_to_tensorboard(tmp_path):
+    from typer.testing import CliRunner
+
+    from collapsecheck.cli import app
+
+    run = tmp_path / "run"
+    for step, source in ((100, HEALTHY), (200, COLLAPSED)):
+        shutil.copytree(source, run / f"global_step_{step}")
+    logs = tmp_path / "tensorboard_log" / "project" / "experiment"
+    args = ["scan", str(run), *FAST_FLAGS, "--fail-on", "none", "--tensorboard", str(logs)]
+    for _ in range(2):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    ours = scalars(logs / "collapsecheck")
+    assert sorted(step for step, _ in ours["collapse/retrieval_skill"]) == [100, 200]
+    one = CliRunner().invoke(app, ["scan", str(HEALTHY), *FAST_FLAGS, "--tensorboard", "x"])
+    assert one.exit_code == 2 and "is one checkpoint" in " ".join(one.output.split())

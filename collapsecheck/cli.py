@@ -312,20 +312,29 @@ def gate_report(
     gated(report, gate, title, outputs, verbose)
 
 
-def tensorboard_writer(spec: str | None, run_dir: Path) -> Any:
-    """--tensorboard DIR|auto, refused before any work where tensorboard is missing or the
-    target is one checkpoint (no run, no steps)."""
-    if spec is None:
-        return None
+def dashboards(
+    tensorboard: str | None, wandb: str | None, run_dir: Path, cache: Path | None
+) -> list[Any]:
+    """--tensorboard DIR|auto and --wandb RUN_PATH, each refused before any work where its
+    package is missing, or where the target is one checkpoint (no run, no steps)."""
     from collapsecheck.inputs.discovery import find_checkpoints
-    from collapsecheck.reports.tensorboard import AUTO, TensorBoardWriter
+    from collapsecheck.runs.plan import cache_root
 
-    if run_dir.exists() and find_checkpoints(run_dir)[0] is not None:
+    if (tensorboard or wandb) and run_dir.exists() and find_checkpoints(run_dir)[0] is not None:
         raise CollapsecheckError(
-            f"--tensorboard writes a run's checkpoints at their global steps: {run_dir} is one "
-            "checkpoint"
+            f"--tensorboard and --wandb write a run's checkpoints at their global steps: "
+            f"{run_dir} is one checkpoint"
         )
-    return TensorBoardWriter(None if spec == AUTO else Path(spec), run_dir)
+    out: list[Any] = []
+    if tensorboard is not None:
+        from collapsecheck.reports.tensorboard import AUTO, TensorBoardWriter
+
+        out.append(TensorBoardWriter(None if tensorboard == AUTO else Path(tensorboard), run_dir))
+    if wandb is not None:
+        from collapsecheck.reports.weights_and_biases import WandbWriter
+
+        out.append(WandbWriter(wandb, cache_root(cache)))
+    return out
 
 
 def say(line: str) -> None:
@@ -466,6 +475,17 @@ TensorBoard = Annotated[
     ),
 ]  # fmt: skip
 
+WandbRun = Annotated[
+    str | None,
+    typer.Option(
+        "--wandb", metavar="ENTITY/PROJECT/RUN_ID",
+        help="Log each checkpoint's diagnosis into the trainer's W&B run (shared mode while "
+        "the trainer holds it, resumed by id once it ended; WANDB_MODE=offline: an offline "
+        "run of that id), at collapse/global_step. Needs the wandb package (the wandb extra).",
+        rich_help_panel="Dashboards",
+    ),
+]  # fmt: skip
+
 Verbose = Annotated[
     bool,
     typer.Option(
@@ -527,6 +547,7 @@ def scan(
     sample: Sample = False,
     ray: Ray = None,
     tensorboard: TensorBoard = None,
+    wandb: WandbRun = None,
     verbose: Verbose = False,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
@@ -536,7 +557,7 @@ def scan(
 
     with user_errors():
         gate = gate_settings.load()
-        dashboard = tensorboard_writer(tensorboard, checkpoint)
+        boards = dashboards(tensorboard, wandb, checkpoint, outputs.out)
         request = ScanRequest(
             checkpoint, Settings(load, sampling, rendering, scoring, analysis, rewards), outputs,
             verdict_thresholds(gate), prompts, rollouts, sample, baseline,
@@ -554,8 +575,9 @@ def scan(
         )
         if kept:
             say(kept)
-        if dashboard is not None:
-            dashboard.write_run(outcome.report)
+        for board in boards:
+            board.write_run(outcome.report)
+            board.close()
     gate_report(outcome.report, gate, str(checkpoint), outputs, verbose)
 
 
@@ -621,6 +643,7 @@ def watch(
     stop_on_fail: StopOnFail = False,
     on_fail: OnFail = None,
     tensorboard: TensorBoard = None,
+    wandb: WandbRun = None,
     verbose: Verbose = False,
 ) -> None:
     """Follow a run that is still training: diagnose each checkpoint as soon as its trainer
@@ -636,7 +659,7 @@ def watch(
                 "--prompts FILE is needed: watch samples each checkpoint from a prompt set"
             )
         check_outputs(outputs)
-        dashboard = tensorboard_writer(tensorboard, run_dir)
+        boards = dashboards(tensorboard, wandb, run_dir, outputs.out)
         following = WatchSettings(idle, until, poll, settle, every_step, stop_on_fail, on_fail)
 
         def after_step(run: Any, row: Any, report: Any) -> None:
@@ -644,8 +667,8 @@ def watch(
                 from collapsecheck.reports.html import write_html
 
                 write_html(outputs.html, run, f"{run_dir} (watching; latest: step {row.label})")
-            if dashboard is not None and row.step is not None:
-                dashboard.write(row.step, report)
+            for board in boards if row.step is not None else []:
+                board.write(row.step, report)
 
         with progress_bars(stderr) as progress:
             watcher = Watch(
@@ -653,7 +676,11 @@ def watch(
                 following, gate, verdict_thresholds(gate), outputs.out, say, progress,
                 after_step,
             )  # fmt: skip
-            code = watcher.follow()
+            try:
+                code = watcher.follow()
+            finally:
+                for board in boards:
+                    board.close()
         if watcher.followed.done:
             run = watcher.run_report()
             if outputs.json_path is not None:

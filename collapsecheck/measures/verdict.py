@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from collapsecheck.formatting import format_count
+from collapsecheck.formatting import format_traces
 from collapsecheck.measures.metrics import MetricValue, interval_bounds, point_value
 
 GROUNDED = "grounded"
@@ -86,7 +86,7 @@ def _diversity_phrase(metrics: Mapping[str, MetricValue], low: bool, grounded: b
     else:
         meaning = "diverse reasoning" if grounded else "it still looks varied"
     return (
-        f"entropy {entropy:.3f} nats/token ({format_count(effective)} effective traces per "
+        f"entropy {entropy:.3f} nats/token ({format_traces(effective)} effective traces per "
         f"prompt): {meaning}"
     )
 

@@ -16,7 +16,7 @@ from playwright.sync_api import sync_playwright
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
-from tests.conftest import COLLAPSED, EXAMPLES, PROMPTS, ROOT
+from tests.conftest import COLLAPSED, EXAMPLES, HEALTHY, PROMPTS, ROOT
 
 REWARD = EXAMPLES / "rewards" / "gridworld.py"
 SCAN_ARGS = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "64", "--device",
@@ -64,9 +64,14 @@ def pages(tmp_path_factory):
         ):  # fmt: skip
             result = runner.invoke(app, [str(a) for a in args])
             assert result.exit_code in (0, 1), result.output  # 1: the run's gate fails
+        compared = runner.invoke(app, [str(a) for a in [
+            "compare", HEALTHY.relative_to(ROOT), COLLAPSED.relative_to(ROOT), *SCAN_ARGS[:8],
+            "--no-gate", "--html", out / "compare.html"]])  # fmt: skip
+        assert compared.exit_code == 0, compared.output
     finally:
         os.chdir(here)
-    return {name: out / f"{name}.html" for name in ("scan", "grpo-run", "demo-run", "vision")}
+    names = ("scan", "grpo-run", "demo-run", "vision", "compare")
+    return {name: out / f"{name}.html" for name in names}
 
 
 class Opened:
@@ -180,3 +185,24 @@ def test_vision_page_shows_each_collapsed_prompts_board_beside_its_traces(browse
     shot = opened.screenshot("html-report-vision.png", tmp_path, ".side")
     assert shot.stat().st_size > 5_000
     assert opened.errors == []
+
+
+@pytest.mark.parametrize("width", [1300, 600])
+def test_compare_page_shows_a_and_b_side_by_side_on_a_laptop_stacked_on_a_phone(
+    browser, pages, width, tmp_path
+):
+    """Found by a new user: at a 1300-pixel window B's column was off-screen to the right
+    (A and B in one row, as wide as their console tables). Both are readable at once on a
+    laptop, and one above the other on a narrow screen; nothing runs past the window."""
+    opened = Opened(browser, pages["compare"])
+    opened.page.set_viewport_size({"width": width, "height": 900})
+    a, b = (opened.page.locator(".pair > .column").nth(i).bounding_box() for i in range(2))
+    assert a["x"] >= 0 and b["x"] + b["width"] <= width  # both within the window
+    if width >= 1000:
+        assert b["x"] >= a["x"] + a["width"] and abs(a["y"] - b["y"]) < 1  # side by side
+    else:
+        assert b["y"] >= a["y"] + a["height"] and abs(a["x"] - b["x"]) < 1  # stacked
+    scrolls = opened.page.evaluate("document.documentElement.scrollWidth")
+    assert scrolls <= width  # the page itself does not scroll sideways
+    assert opened.errors == [] and opened.refused == []
+    opened.screenshot(f"compare-{width}.png", tmp_path)

@@ -69,7 +69,9 @@ def test_reason_names_the_numbers():
     reason = decide(metrics(0.12, 0.03, 1.42)).reason
     assert "retrieval 0.12 vs chance 0.10, normalized MI 0.03" in reason
     assert "does not depend on the input" in reason
-    assert "entropy 1.420 nats/token (2.16e+12 effective traces per prompt)" in reason
+    assert "entropy 1.420 nats/token (> 10,000 effective traces per prompt)" in reason  # 2.16e+12
+    low = decide(metrics(0.12, 0.03, 0.05)).reason  # 20 tokens at 0.05 nats: e^1 traces
+    assert "entropy 0.050 nats/token (2.7 effective traces per prompt)" in low
 
 
 def test_custom_thresholds():

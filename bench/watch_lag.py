@@ -23,7 +23,7 @@ from bench_scoring import machine, write_section
 
 from collapsecheck.config import GateSettings
 from collapsecheck.runs.units import VerdictThresholds
-from collapsecheck.runs.watch import Watch, WatchSettings
+from collapsecheck.runs.watch import SampledFrom, Watch, WatchSettings
 from collapsecheck.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,8 +52,9 @@ def measure(interval: float) -> dict:
         settings = Settings.build(num_prompts=16, k=8, max_new_tokens=64, device="cpu",
                                   bootstrap=200)  # fmt: skip
         follow = WatchSettings(idle=interval + 15, poll=0.5, every_step=True)
-        watch = Watch(run, PROMPTS, settings, follow, GateSettings(fail_on="none").load(),
-                      VerdictThresholds(), Path(folder) / "cache", lines.append)  # fmt: skip
+        watch = Watch(run, SampledFrom(PROMPTS), settings, follow,
+                      GateSettings(fail_on="none").load(), VerdictThresholds(),
+                      Path(folder) / "cache", lines.append)  # fmt: skip
         watch.follow()
         writing.join()
     lags = [int(m.group(2)) for line in lines if (m := LAG.match(line))]

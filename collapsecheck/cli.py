@@ -642,6 +642,7 @@ def watch(
     every_step: EveryStep = False,
     stop_on_fail: StopOnFail = False,
     on_fail: OnFail = None,
+    rollouts: Rollouts = None,
     tensorboard: TensorBoard = None,
     wandb: WandbRun = None,
     verbose: Verbose = False,
@@ -650,15 +651,15 @@ def watch(
     has written it whole, into the console, the results cache, --html and the dashboard."""
     from collapsecheck.reports.console import print_run, print_timing, progress_bars
     from collapsecheck.reports.outputs import check_outputs
-    from collapsecheck.runs.watch import Watch, WatchSettings
+    from collapsecheck.runs.watch import SampledFrom, TrainerRollouts, Watch, WatchSettings
 
     with user_errors():
         gate = gate_settings.load()
-        if prompts is None:
-            raise CollapsecheckError(
-                "--prompts FILE is needed: watch samples each checkpoint from a prompt set"
-            )
         check_outputs(outputs)
+        if rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
+            traces: Any = TrainerRollouts(rollouts, prompts)
+        else:
+            traces = SampledFrom(prompts)
         boards = dashboards(tensorboard, wandb, run_dir, outputs.out)
         following = WatchSettings(idle, until, poll, settle, every_step, stop_on_fail, on_fail)
 
@@ -672,7 +673,7 @@ def watch(
 
         with progress_bars(stderr) as progress:
             watcher = Watch(
-                run_dir, prompts, Settings(load, sampling, rendering, scoring, analysis, rewards),
+                run_dir, traces, Settings(load, sampling, rendering, scoring, analysis, rewards),
                 following, gate, verdict_thresholds(gate), outputs.out, say, progress,
                 after_step,
             )  # fmt: skip

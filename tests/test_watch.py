@@ -21,7 +21,7 @@ from collapsecheck.inputs.completeness import (
     Completeness,
 )
 from collapsecheck.runs.units import VerdictThresholds
-from collapsecheck.runs.watch import Watch, WatchSettings
+from collapsecheck.runs.watch import SampledFrom, Watch, WatchSettings
 from collapsecheck.settings import Settings
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
 
@@ -60,8 +60,8 @@ def watcher(run_dir: Path, cache: Path, lines: list[str], **options) -> Watch:
     settings = Settings.build(**FAST)
     gate = GateSettings(fail_on="none").load()
     follow = WatchSettings(**{"idle": 3.0, "poll": 0.2, "settle": 0.5, **options})
-    return Watch(run_dir, PROMPTS, settings, follow, gate, VerdictThresholds(), cache,
-                 lines.append)  # fmt: skip
+    return Watch(run_dir, SampledFrom(PROMPTS), settings, follow, gate, VerdictThresholds(),
+                 cache, lines.append)  # fmt: skip
 
 
 # -- when a checkpoint is complete -------------------------------------------------------
@@ -149,7 +149,7 @@ def test_checkpoints_written_slowly_are_diagnosed_once_each_as_they_land(tmp_pat
     assert f"waiting for {run} to appear" in said
     assert said.count("step 100: grounded") == 1 and said.count("step 200: template_collapse") == 1
     assert "diagnosed" in said and "nothing new for 4 s: the watch ends" in said
-    report = watch.followed.done["checkpoint-100"][1]
+    report = reports_by_folder(watch)["checkpoint-100"]
     assert report.metrics == scan(HEALTHY, PROMPTS, **FAST).metrics
 
 
@@ -434,4 +434,45 @@ def test_wandb_offline_beside_a_trainer_that_logs_there_itself(tmp_path, monkeyp
     assert any(m.glob_name == "collapse/*" and m.step_metric == "collapse/global_step"
                for m in metrics)  # fmt: skip
     again = WandbWriter("team/grpo/run-7", tmp_path / "cache")  # a restarted watcher
-    assert not again.write(100, watch.followed.done["checkpoint-100"][1])  # no second point
+    assert not again.write(100, reports_by_folder(watch)["checkpoint-100"])  # no second point
+
+
+def test_a_runs_own_rollouts_are_scored_as_each_step_lands(tmp_path):
+    """Without -p, the trainer's own rollouts (TRL's completions/): each step's file once it
+    is complete (the next step's file is there, or it stopped changing), scored under the
+    checkpoint that sampled it; the numbers of `scan RUN` on the finished run."""
+    from collapsecheck.runs.run import score_run
+    from collapsecheck.runs.watch import TrainerRollouts
+
+    source = Path(__file__).parent / "fixtures" / "trl-grpo-completions"
+    run, lines = tmp_path / "run", []
+    for step in (2, 4):
+        shutil.copytree(source / f"checkpoint-{step}", run / f"checkpoint-{step}")
+    (run / "completions").mkdir()
+    for step in (2, 4):
+        name = f"completions_{step:05d}.parquet"
+        shutil.copy(source / "completions" / name, run / "completions" / name)
+
+    def trainer():  # the next step's completions land while the watch is running
+        time.sleep(1.0)
+        name = "completions_00006.parquet"
+        shutil.copy(source / "completions" / name, run / "completions" / name)
+
+    writing = threading.Thread(target=trainer)
+    writing.start()
+    watch = watcher(run, tmp_path / "cache", lines, idle=3.0, every_step=True)
+    watch.traces = TrainerRollouts()
+    watch.settings = Settings.build(device="cpu", bootstrap=100)
+    assert watch.follow() == 0
+    writing.join()
+    said = "\n".join(lines)
+    assert said.count("step 4: ") == 1 and "rollouts scored by checkpoint-2 (gap 1)" in said
+    assert said.count("step 6: ") == 1 and "rollouts scored by checkpoint-4 (gap 1)" in said
+    after = score_run(source, settings=watch.settings, cache_root=tmp_path / "after")
+    expected = {s.checkpoint.label: s.report.metrics for s in after.steps}
+    for step in watch.run_report().steps:
+        assert step.report.metrics == expected[step.checkpoint.label], step.checkpoint.label
+
+
+def reports_by_folder(watch: Watch) -> dict:
+    return {unit.row.name: report for unit, report in watch.followed.done.values()}

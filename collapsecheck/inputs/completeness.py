@@ -11,6 +11,8 @@ its writer is done with it, never while it is being written:
   `checkpoint-N` without its trainer state): its weights present (every shard its index
   names, where sharded), and none of its files changed between two looks at least `settle`
   seconds apart.
+- A rollout file (TRL's completions, veRL's rollout dump): once the next step's file
+  appears, or once it has not changed for `settle` seconds.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ Signature = tuple[tuple[str, int, int], ...]
 
 
 def files_signature(folder: Path) -> Signature:
-    """Every file under `folder` with its size and modification time."""
+    """Every file under `folder` (or the file itself) with its size and modification time."""
     out = []
-    for path in sorted(folder.rglob("*")):
+    for path in [folder] if folder.is_file() else sorted(folder.rglob("*")):
         try:
             if path.is_file():
                 stat = path.stat()
@@ -94,15 +96,20 @@ class Completeness:
             match = VERL_FOLDER.fullmatch(folder.name)
             tracked = verl_tracker_step(run_dir)
             return match is not None and tracked is not None and tracked >= int(match.group(1))
-        return self._settled(folder)
+        return self._settled(folder) and weights_present(folder)
 
-    def _settled(self, folder: Path) -> bool:
-        signature, now = files_signature(folder), self.clock()
-        seen = self._seen.get(folder)
+    def rollout_complete(self, path: Path, next_step_written: bool) -> bool:
+        """A rollout file: the next step's file is there, or it has settled."""
+        return next_step_written or self._settled(path)
+
+    def _settled(self, path: Path) -> bool:
+        """Nothing of `path` (a folder's files, or one file) changed for `settle` seconds."""
+        signature, now = files_signature(path), self.clock()
+        seen = self._seen.get(path)
         if seen is None or seen[0] != signature:
-            self._seen[folder] = (signature, now)
+            self._seen[path] = (signature, now)
             return False
-        return bool(signature) and now - seen[1] >= self.settle and weights_present(folder)
+        return bool(signature) and now - seen[1] >= self.settle
 
 
 def written_at(folder: Path) -> float:

@@ -31,10 +31,11 @@ from collapsecheck.reports.gate import RuleResult, check_report, failures
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import RunReport
 from collapsecheck.runs.executors import run_here
-from collapsecheck.runs.join import join
-from collapsecheck.runs.plan import ScanPlan, plan_sampled
+from collapsecheck.runs.join import join, pairing_of
+from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
+from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
 from collapsecheck.runs.run import run_context
-from collapsecheck.runs.units import VerdictThresholds, WorkUnit
+from collapsecheck.runs.units import RolloutTraces, VerdictThresholds, WorkUnit
 from collapsecheck.settings import Settings
 
 Say = Callable[[str], None]
@@ -71,13 +72,17 @@ class Followed:
     busy: set[str] = field(default_factory=set)  # being diagnosed by another process
     fired: bool = False
 
+    def names(self) -> set[str]:
+        """The checkpoint folders diagnosed (a run's rollouts: those that scored a step)."""
+        return {unit.row.name for unit, _ in self.done.values()}
+
     def notice_deleted(self, rows: list[RunCheckpoint], say: Say) -> None:
         """Steps that were waiting at the last look and are gone now: named, and skipped."""
-        present = {row.name for row in rows}
+        present, diagnosed = {row.name for row in rows}, self.names()
         for name, row in list(self.queued.items()):
-            if name not in present and name not in self.done and not row.checkpoint.path.exists():
+            if name not in present and name not in diagnosed and not row.checkpoint.path.exists():
                 deleted(row, self, say)
-        self.queued = {row.name: row for row in rows if row.name not in self.done}
+        self.queued = {row.name: row for row in rows if row.name not in diagnosed}
 
     def run_report(self, run_dir: Path, settings: Settings) -> RunReport:
         """The run report of every step diagnosed so far, in step order (a step the trainer
@@ -95,6 +100,82 @@ class Followed:
 
 def order(row: RunCheckpoint) -> tuple[bool, int, str]:
     return (row.step is None, row.step or 0, row.name)
+
+
+def unit_key(unit: WorkUnit) -> str:
+    """A unit's identity across looks: its results-cache entry (one per checkpoint and its
+    traces)."""
+    return str(unit.dump)
+
+
+@dataclass(frozen=True)
+class SampledFrom:
+    """Each checkpoint sampled afresh from a prompt set (`-p`)."""
+
+    prompts: Path
+
+    def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
+        return plan_units(rows, self.prompts, watch.settings, watch.cache, watch.followed,
+                          watch.say)  # fmt: skip
+
+    def left_out(self, watch: Watch) -> list[str]:
+        """Folders with weights that their writer's rule never called complete (still
+        settling, say)."""
+        diagnosed, gone = watch.followed.names(), watch.followed.gone
+        return [
+            f"not diagnosed: {folder} was not complete by its writer's rule when the run ended"
+            for folder in step_folders(watch.run_dir)
+            if folder.name not in diagnosed | gone and weights_present(folder)
+        ]
+
+
+@dataclass(frozen=True)
+class TrainerRollouts:
+    """The run's own rollouts (in `folder`, else where the trainer keeps them beside the
+    run), each step's scored under the checkpoint that sampled it (`runs.pairing`) once its
+    file is complete; `training_prompts`: veRL's prompt file its decoded inputs match."""
+
+    folder: Path | None = None
+    training_prompts: Path | None = None
+
+    def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
+        try:
+            found = find_run_rollouts(watch.run_dir, self.folder)
+        except CollapsecheckError:  # --rollouts DIR, empty so far
+            return []
+        if found is None:
+            return []
+        scored = {u.traces.path for u, _ in watch.followed.done.values()}
+        files = [
+            f for at, f in enumerate(found.files)
+            if f.path not in scored and rules.rollout_complete(f.path, at + 1 < len(found.files))
+        ]  # fmt: skip
+        if not files or not rows:
+            return []
+        try:
+            plan = plan_run_rollouts(
+                RunRollouts(found.folder, files), rows, watch.settings, cache=watch.cache,
+                training_prompts=self.training_prompts,
+            )  # fmt: skip
+        except CollapsecheckError as err:
+            if "cannot score" in str(err):  # no step pairs with a checkpoint yet
+                return []
+            raise
+        return list(plan.units)
+
+    def left_out(self, watch: Watch) -> list[str]:
+        """Rollout files not scored: not complete yet, or sampled before any checkpoint."""
+        try:
+            found = find_run_rollouts(watch.run_dir, self.folder)
+        except CollapsecheckError:
+            return []
+        scored = {u.traces.path for u, _ in watch.followed.done.values()}
+        return [
+            f"not scored: {f.path} (not complete when the run ended, or no checkpoint at or "
+            "before the step before it)"
+            for f in (found.files if found is not None else [])
+            if f.path not in scored
+        ]
 
 
 def ready_rows(run_dir: Path, completeness: Completeness, gone: set[str]) -> list[RunCheckpoint]:
@@ -145,14 +226,16 @@ def deleted(row: RunCheckpoint, followed: Followed, say: Say) -> None:
         "diagnosis; skipped")  # fmt: skip
 
 
-def step_line(report: Report, row: RunCheckpoint, written: float) -> str:
+def step_line(report: Report, unit: WorkUnit, written: float) -> str:
     """One line per diagnosed step: its verdict and the lag from written to diagnosed."""
     lag = time.time() - written
     at = datetime.fromtimestamp(written).strftime("%H:%M:%S")
+    pairing = pairing_of(unit.traces)
+    scored = f"rollouts scored by {pairing.describe()}, " if pairing is not None else ""
     return (
-        f"step {row.label}: {report.verdict.regime}, normalized MI "
+        f"step {unit.label}: {report.verdict.regime}, normalized MI "
         f"{format_number(report.value('normalized_mi'))}, retrieval skill "
-        f"{format_number(report.value('retrieval_skill'))} (written {at}, diagnosed "
+        f"{format_number(report.value('retrieval_skill'))} ({scored}written {at}, diagnosed "
         f"{lag:.0f} s later)"
     )
 
@@ -176,7 +259,7 @@ class Watch:
     step (`after_step`: the page, the dashboards), and the gate."""
 
     run_dir: Path
-    prompts: Path
+    traces: SampledFrom | TrainerRollouts
     settings: Settings
     watch: WatchSettings
     gate: GateConfig
@@ -196,10 +279,9 @@ class Watch:
         while True:
             rows = ready_rows(self.run_dir, completeness, self.followed.gone)
             self.followed.notice_deleted(rows, self.say)
-            units = plan_units(rows, self.prompts, self.settings, self.cache, self.followed,
-                               self.say)  # fmt: skip
+            units = self.traces.units(self, rows, completeness)
             self.read_finished(units)
-            todo = [u for u in units if u.row.name not in self.followed.done]
+            todo = [u for u in units if unit_key(u) not in self.followed.done]
             if not todo:
                 if self.watch.until is not None and self.watch.until.exists():
                     self.say(f"the run ended ({self.watch.until} exists)")
@@ -211,20 +293,16 @@ class Watch:
                     return 0
                 time.sleep(self.watch.poll)
                 continue
-            last_news = time.monotonic()
             unit = self.next_unit(todo)
             code = self.diagnose(unit)
             if code is not None:
                 return code
+            last_news = time.monotonic()  # --idle counts from the end of the last diagnosis
 
     def say_left_out(self) -> None:
-        """At the end: folders with weights that their writer's rule never called complete
-        (still settling, say) are named, not silently left out."""
-        for folder in step_folders(self.run_dir):
-            seen = folder.name in self.followed.done or folder.name in self.followed.gone
-            if not seen and weights_present(folder):
-                self.say(f"not diagnosed: {folder} was not complete by its writer's rule when "
-                         "the run ended")  # fmt: skip
+        """At the end, what was not diagnosed is named, not silently left out."""
+        for line in self.traces.left_out(self):
+            self.say(line)
 
     def next_unit(self, todo: list[WorkUnit]) -> WorkUnit:
         """The newest waiting step (--every-step: the oldest), saying so when several wait:
@@ -242,10 +320,10 @@ class Watch:
         """Steps the results cache already holds (diagnosed before a restart): read, said
         once, and written to the dashboards (which keep each step once)."""
         for unit in units:
-            if unit.finished() and unit.row.name not in self.followed.done:
+            if unit.finished() and unit_key(unit) not in self.followed.done:
                 (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
                                      labelled=False)  # fmt: skip
-                self.followed.done[unit.row.name] = (unit, report)
+                self.followed.done[unit_key(unit)] = (unit, report)
                 self.say(f"step {unit.label}: {report.verdict.regime} (from the results cache)")
                 self.after_step(self.run_report(), unit.row, report)
 
@@ -255,7 +333,10 @@ class Watch:
     def diagnose(self, unit: WorkUnit) -> int | None:
         """Diagnose one step, write what follows it, and apply the gate; an exit code where
         the watch ends."""
-        written = written_at(unit.checkpoint.path)
+        traces = unit.traces
+        written = written_at(
+            traces.path if isinstance(traces, RolloutTraces) else unit.checkpoint.path
+        )
         plan = ScanPlan((unit,), (None,), self.settings)
         try:
             (report,) = run_here(plan, self.verdicts, self.progress, labelled=True)
@@ -271,8 +352,8 @@ class Watch:
                 raise
             deleted(unit.row, self.followed, self.say)
             return None
-        self.followed.done[unit.row.name] = (unit, report)
-        self.say(step_line(report, unit.row, written))
+        self.followed.done[unit_key(unit)] = (unit, report)
+        self.say(step_line(report, unit, written))
         self.after_step(self.run_report(), unit.row, report)
         failed = failures(check_report(report, self.gate))
         if not failed:

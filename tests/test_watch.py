@@ -23,7 +23,7 @@ from collapsecheck.inputs.completeness import (
 from collapsecheck.runs.units import VerdictThresholds
 from collapsecheck.runs.watch import SampledFrom, Watch, WatchSettings
 from collapsecheck.settings import Settings
-from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
+from tests.conftest import COLLAPSED, HEALTHY, PROMPTS, ROOT
 
 FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "bootstrap": 100}
 FAST_FLAGS = ["-p", str(PROMPTS), "-n", "6", "-k", "4", "--max-new-tokens", "48",
@@ -476,3 +476,42 @@ def test_a_runs_own_rollouts_are_scored_as_each_step_lands(tmp_path):
 
 def reports_by_folder(watch: Watch) -> dict:
     return {unit.row.name: report for unit, report in watch.followed.done.values()}
+
+
+def test_beside_a_real_trl_trainer_in_another_process(tmp_path):
+    """TRL's GRPOTrainer saves checkpoint-2 and checkpoint-4 (its own save, trainer_state.json
+    last) while the watch follows its output_dir from this process: each is diagnosed once,
+    with the numbers a scan of the finished folder gives, and the watch ends at the DONE
+    file the training script writes."""
+    from collapsecheck import scan
+
+    out, lines = tmp_path / "grpo", []
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log, done = tmp_path / "training.log", tmp_path / "DONE"
+    with log.open("w") as stream:  # a file, not a pipe: TRL's progress bars never block it
+        training = subprocess.Popen(
+            [sys.executable, "-m", "tests.trl_training_run", str(out), "4"], cwd=ROOT, env=env,
+            stdout=stream, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+        def trainer_ends():  # as the torchrun recipe does: `wait $TRAINER; touch DONE`
+            training.wait(timeout=600)
+            done.write_text("")
+
+        ending = threading.Thread(target=trainer_ends)
+        ending.start()
+        watch = watcher(out, tmp_path / "cache", lines, idle=600.0, until=done, every_step=True)
+        assert watch.follow() == 0
+        ending.join()
+    assert training.returncode == 0, log.read_text()[-3000:]
+    said = "\n".join(lines)
+    assert said.count("step 2: ") == 1 and said.count("step 4: ") == 1, said
+    reports = reports_by_folder(watch)
+    for name in ("checkpoint-2", "checkpoint-4"):
+        alone = scan(out / name, PROMPTS, **FAST).metrics
+        # the run report smooths the z-score's spread along the run (`_ema`): all else agrees
+        assert unsmoothed(reports[name].metrics) == unsmoothed(alone), name
+
+
+def unsmoothed(metrics: dict) -> dict:
+    return {key: value for key, value in metrics.items() if "_ema" not in key}

@@ -515,3 +515,22 @@ def test_beside_a_real_trl_trainer_in_another_process(tmp_path):
 
 def unsmoothed(metrics: dict) -> dict:
     return {key: value for key, value in metrics.items() if "_ema" not in key}
+
+
+def test_tensorboard_auto_takes_the_trainers_logging_dir_or_its_event_files(tmp_path, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from collapsecheck.errors import CollapsecheckError
+    from collapsecheck.reports.tensorboard import find_trainer_folder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(CollapsecheckError, match="no TensorBoard event files under"):
+        find_trainer_folder(run)
+    older, newer = run / "runs" / "a", run / "tensorboard_log" / "proj" / "exp"
+    for folder in (older, newer):
+        SummaryWriter(str(folder)).close()
+        time.sleep(0.05)
+    assert find_trainer_folder(run) == newer  # the one written last
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "named"))
+    assert find_trainer_folder(run) == tmp_path / "named"

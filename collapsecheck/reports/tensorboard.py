@@ -7,6 +7,7 @@ package (the `logs` extra)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from collapsecheck.errors import CollapsecheckError
@@ -16,6 +17,7 @@ AUTO = "auto"
 RUN_NAME = "collapsecheck"  # the sub-folder, a TensorBoard run of its own
 LEDGER = ".collapsecheck-steps.json"
 EVENTS = "events.out.tfevents"
+LOGGING_DIR_ENV = "TENSORBOARD_LOGGING_DIR"  # where the Hugging Face Trainer logs, when set
 
 
 def require_writer() -> None:
@@ -29,9 +31,13 @@ def require_writer() -> None:
 
 
 def find_trainer_folder(run_dir: Path) -> Path:
-    """--tensorboard auto: the folder under the run directory where the trainer's own event
-    files are (veRL's tensorboard_log/PROJECT/EXPERIMENT, the HF Trainer's runs/...), the one
-    written last where there are several."""
+    """--tensorboard auto: the Hugging Face Trainer's $TENSORBOARD_LOGGING_DIR where it is
+    set, else the folder under the run directory where the trainer's own event files are
+    (veRL's tensorboard_log/PROJECT/EXPERIMENT, the HF Trainer's runs/...), the one written
+    last where there are several."""
+    named = os.environ.get(LOGGING_DIR_ENV)
+    if named:
+        return Path(named)
     files = [p for p in run_dir.rglob(f"{EVENTS}*") if p.parent.name != RUN_NAME]
     if not files:
         raise CollapsecheckError(

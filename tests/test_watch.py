@@ -34,11 +34,12 @@ def write_slowly(source: Path, target: Path, pause: float = 0.05) -> None:
     """A trainer's save, as slow as a big one: every file in two halves with a pause
     between, trainer_state.json last (as `Trainer._save_checkpoint` writes it)."""
     target.mkdir(parents=True)
-    files = sorted(p for p in source.iterdir() if p.is_file())
+    files = sorted(p for p in source.rglob("*") if p.is_file())
     files.sort(key=lambda p: p.name == TRAINER_STATE)
     for path in files:
         data = path.read_bytes()
-        with (target / path.name).open("wb") as stream:
+        (target / path.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+        with (target / path.relative_to(source)).open("wb") as stream:
             stream.write(data[: len(data) // 2])
             stream.flush()
             time.sleep(pause)
@@ -514,7 +515,8 @@ def test_beside_a_real_trl_trainer_in_another_process(tmp_path):
 
 
 def unsmoothed(metrics: dict) -> dict:
-    return {key: value for key, value in metrics.items() if "_ema" not in key}
+    """The metrics but the run-smoothed ones, as text (so that NaN equals NaN)."""
+    return {key: repr(value) for key, value in metrics.items() if "_ema" not in key}
 
 
 def test_tensorboard_auto_takes_the_trainers_logging_dir_or_its_event_files(tmp_path, monkeypatch):
@@ -534,3 +536,36 @@ def test_tensorboard_auto_takes_the_trainers_logging_dir_or_its_event_files(tmp_
     assert find_trainer_folder(run) == newer  # the one written last
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "named"))
     assert find_trainer_folder(run) == tmp_path / "named"
+
+
+def test_verl_shards_are_read_once_the_tracker_names_their_step(tmp_path):
+    """veRL's own FSDP shards (tests/fixtures/verl-0.9.1, written by its checkpoint manager)
+    replayed half a file at a time into global_step_N/actor, then the run's
+    latest_checkpointed_iteration.txt, as RayPPOTrainer._save_checkpoint writes it after the
+    saves: each step is diagnosed once, only after the tracker names it (the settle rule,
+    set to ten minutes here, never fires), with the numbers of the finished folder."""
+    from collapsecheck import scan
+
+    shards = Path(__file__).parent / "fixtures" / "verl-0.9.1" / "fsdp2" / "global_step_1"
+    run, lines = tmp_path / "run", []
+    tiny = {"k": 2, "num_prompts": 4, "max_new_tokens": 12, "whole_response": True,
+            "device": "cpu", "bootstrap": 50}  # fmt: skip
+
+    def trainer():
+        for step in (1, 2):
+            write_slowly(shards, run / f"global_step_{step}", pause=0.02)
+            time.sleep(0.5)  # whole, but not yet named by the tracker: not read
+            (run / VERL_TRACKER).write_text(str(step))
+
+    writing = threading.Thread(target=trainer)
+    writing.start()
+    watch = watcher(run, tmp_path / "cache", lines, idle=3.0, settle=600.0, every_step=True)
+    watch.settings = Settings.build(**tiny)
+    assert watch.follow() == 0
+    writing.join()
+    said = "\n".join(lines)
+    assert said.count("step 1: ") == 1 and said.count("step 2: ") == 1, said
+    assert "step 2: template_collapse (from the results cache)" in said  # the same weights
+    expected = unsmoothed(scan(shards, PROMPTS, **tiny).metrics)
+    for report in reports_by_folder(watch).values():
+        assert unsmoothed(report.metrics) == expected

@@ -103,9 +103,9 @@ def order(row: RunCheckpoint) -> tuple[bool, int, str]:
 
 
 def unit_key(unit: WorkUnit) -> str:
-    """A unit's identity across looks: its results-cache entry (one per checkpoint and its
-    traces)."""
-    return str(unit.dump)
+    """A unit's identity across looks: its folder and its results-cache entry (two folders
+    with the same weights share an entry: the second is answered from the cache)."""
+    return f"{unit.row.name}\0{unit.dump}"
 
 
 @dataclass(frozen=True)

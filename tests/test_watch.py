@@ -281,7 +281,7 @@ def test_sigkill_then_the_same_command_diagnoses_no_step_twice_and_loses_none(tm
         mark_saved(run / f"checkpoint-{step}", step)
     command = [sys.executable, "-m", "collapsecheck", "watch", str(run), *FAST_FLAGS,
                "--out", str(tmp_path / "cache"), "--every-step", "--idle", "2", "--poll",
-               "0.2", "--fail-on", "none"]  # fmt: skip
+               "0.2", "--fail-on", "none", "--html", str(tmp_path / "watch.html")]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                              text=True, env=env)  # fmt: skip
@@ -301,6 +301,8 @@ def test_sigkill_then_the_same_command_diagnoses_no_step_twice_and_loses_none(tm
     assert "sampling, step 200" not in said  # its traces were kept: not sampled twice
     assert said.count("step 200: template_collapse, normalized MI") == 1  # diagnosed once
     assert "100" in again.stdout and "200" in again.stdout  # the run table, both steps
+    page = (tmp_path / "watch.html").read_text()  # rewritten after every step
+    assert "watching; latest: step 200" in page and "template_collapse" in page
 
 
 def test_a_step_another_watcher_holds_is_waited_for_not_a_crash(tmp_path):

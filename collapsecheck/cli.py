@@ -649,7 +649,7 @@ def watch(
 ) -> None:
     """Follow a run that is still training: diagnose each checkpoint as soon as its trainer
     has written it whole, into the console, the results cache, --html and the dashboard."""
-    from collapsecheck.reports.console import print_run, print_timing, progress_bars
+    from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.runs.watch import SampledFrom, TrainerRollouts, Watch, WatchSettings
 
@@ -662,15 +662,7 @@ def watch(
             traces = SampledFrom(prompts)
         boards = dashboards(tensorboard, wandb, run_dir, outputs.out)
         following = WatchSettings(idle, until, poll, settle, every_step, stop_on_fail, on_fail)
-
-        def after_step(run: Any, row: Any, report: Any) -> None:
-            if outputs.html is not None:
-                from collapsecheck.reports.html import write_html
-
-                write_html(outputs.html, run, f"{run_dir} (watching; latest: step {row.label})")
-            for board in boards if row.step is not None else []:
-                board.write(row.step, report)
-
+        after_step = step_outputs(run_dir, outputs, boards)
         with progress_bars(stderr) as progress:
             watcher = Watch(
                 run_dir, traces, Settings(load, sampling, rendering, scoring, analysis, rewards),
@@ -683,13 +675,33 @@ def watch(
                 for board in boards:
                     board.close()
         if watcher.followed.done:
-            run = watcher.run_report()
-            if outputs.json_path is not None:
-                run.save(outputs.json_path)
-            print_run(stdout, run)
-            if verbose:
-                print_timing(stdout, [(s.checkpoint.label, s.report) for s in run.steps])
+            print_watched(watcher.run_report(), outputs, verbose)
     raise typer.Exit(code)
+
+
+def step_outputs(run_dir: Path, outputs: OutputSettings, boards: list[Any]) -> Any:
+    """What `watch` writes after each step: --html (the run so far) and the dashboards."""
+
+    def after_step(run: Any, row: Any, report: Any) -> None:
+        if outputs.html is not None:
+            from collapsecheck.reports.html import write_html
+
+            write_html(outputs.html, run, f"{run_dir} (watching; latest: step {row.label})")
+        for board in boards if row.step is not None else []:
+            board.write(row.step, report)
+
+    return after_step
+
+
+def print_watched(run: Any, outputs: OutputSettings, verbose: bool) -> None:
+    """The end of a watch: --json, the run table (and its timing with --verbose)."""
+    from collapsecheck.reports.console import print_run, print_timing
+
+    if outputs.json_path is not None:
+        run.save(outputs.json_path)
+    print_run(stdout, run)
+    if verbose:
+        print_timing(stdout, [(s.checkpoint.label, s.report) for s in run.steps])
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""The one exception type for bad input: the CLI prints its message on one line, exit code 2."""
+"""The exception types for bad input: the CLI prints the message on one line, exit code 2."""
 
 
 class CollapsecheckError(Exception):
@@ -10,3 +10,7 @@ class CollapsecheckError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.splitlines()))
+
+
+class DirectoryBusy(CollapsecheckError):
+    """Another process holds an output directory (a second watcher on one results cache)."""

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from collapsecheck.errors import CollapsecheckError
+from collapsecheck.errors import CollapsecheckError, DirectoryBusy
 
 LOCK_FILE = ".collapsecheck.lock"
 
@@ -26,10 +26,6 @@ def _current_umask() -> int:
 
 # Files are created as the user's umask says (a teammate may read them), not mkstemp's 0600.
 FILE_MODE = 0o666 & ~_current_umask()
-
-
-class DirectoryBusy(CollapsecheckError):
-    """Another process holds the directory (a second watcher on one results cache, say)."""
 
 
 @contextmanager

@@ -20,8 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from collapsecheck.config import GateConfig
-from collapsecheck.errors import CollapsecheckError
-from collapsecheck.files import DirectoryBusy
+from collapsecheck.errors import CollapsecheckError, DirectoryBusy
 from collapsecheck.formatting import format_number
 from collapsecheck.inputs.checkpoint import detect_checkpoint
 from collapsecheck.inputs.completeness import Completeness, weights_present, written_at

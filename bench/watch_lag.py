@@ -23,8 +23,8 @@ from bench_scoring import machine, write_section
 
 from collapsecheck.config import GateSettings
 from collapsecheck.runs.units import VerdictThresholds
-from collapsecheck.runs.watch import SampledFrom, Watch, WatchSettings
-from collapsecheck.settings import Settings
+from collapsecheck.runs.watch import SampledFrom, Watch
+from collapsecheck.settings import Settings, WatchSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "demo-run"

@@ -43,6 +43,7 @@ from collapsecheck.settings import (
     SamplingSettings,
     ScoringSettings,
     Settings,
+    WatchSettings,
     flag_name,
 )
 
@@ -88,6 +89,7 @@ PANELS = {
     LoadSettings: "Model and engine",
     GateSettings: "Gate",
     OutputSettings: "Outputs",
+    WatchSettings: "Following the run",
 }
 
 
@@ -584,42 +586,6 @@ def scan(
 WatchRun = Annotated[
     Path, typer.Argument(help="The run directory a trainer is writing (it may not exist yet).")
 ]
-WATCH_PANEL = "Following the run"
-Idle = Annotated[
-    float,
-    typer.Option(help="End (exit 0) after this many seconds with nothing new.",
-                 rich_help_panel=WATCH_PANEL),
-]  # fmt: skip
-Until = Annotated[
-    Path | None,
-    typer.Option(help="End (exit 0) once this file exists (one the trainer writes at its end) "
-                 "and every finished checkpoint is diagnosed.", rich_help_panel=WATCH_PANEL),
-]  # fmt: skip
-Poll = Annotated[
-    float, typer.Option(help="Seconds between looks at the run.", rich_help_panel=WATCH_PANEL)
-]
-Settle = Annotated[
-    float,
-    typer.Option(help="Seconds a checkpoint folder without its trainer's own last file must "
-                 "stay unchanged to count as complete.", rich_help_panel=WATCH_PANEL),
-]  # fmt: skip
-EveryStep = Annotated[
-    bool,
-    typer.Option("--every-step", help="Diagnose every waiting step in order (default: the "
-                 "newest first when the trainer is faster).", rich_help_panel=WATCH_PANEL),
-]  # fmt: skip
-StopOnFail = Annotated[
-    bool,
-    typer.Option("--stop-on-fail", help="A failed gate rule ends the watch with exit 1.",
-                 rich_help_panel=WATCH_PANEL),
-]  # fmt: skip
-OnFail = Annotated[
-    str | None,
-    typer.Option(help="A shell command run once at the first failed gate rule, with "
-                 "COLLAPSECHECK_STEP, _CHECKPOINT, _RULE and _MESSAGE in its environment "
-                 "(scancel $SLURM_JOB_ID; touch a stop file the trainer polls).",
-                 rich_help_panel=WATCH_PANEL),
-]  # fmt: skip
 
 
 @app.command()
@@ -634,14 +600,8 @@ def watch(
     load: LoadSettings,
     gate_settings: GateSettings,
     outputs: OutputSettings,
+    following: WatchSettings,
     prompts: ScanPrompts = None,
-    idle: Idle = 3600.0,
-    until: Until = None,
-    poll: Poll = 10.0,
-    settle: Settle = 30.0,
-    every_step: EveryStep = False,
-    stop_on_fail: StopOnFail = False,
-    on_fail: OnFail = None,
     rollouts: Rollouts = None,
     tensorboard: TensorBoard = None,
     wandb: WandbRun = None,
@@ -651,7 +611,7 @@ def watch(
     has written it whole, into the console, the results cache, --html and the dashboard."""
     from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import check_outputs
-    from collapsecheck.runs.watch import SampledFrom, TrainerRollouts, Watch, WatchSettings
+    from collapsecheck.runs.watch import SampledFrom, TrainerRollouts, Watch
 
     with user_errors():
         gate = gate_settings.load()
@@ -661,7 +621,6 @@ def watch(
         else:
             traces = SampledFrom(prompts)
         boards = dashboards(tensorboard, wandb, run_dir, outputs.out)
-        following = WatchSettings(idle, until, poll, settle, every_step, stop_on_fail, on_fail)
         after_step = step_outputs(run_dir, outputs, boards)
         with progress_bars(stderr) as progress:
             watcher = Watch(

@@ -7,6 +7,7 @@
     AnalysisSettings  the seed and the bootstrap
     RewardSettings    where rewards come from, and the SNR filter
     OutputSettings    what a command writes (none changes the numbers)
+    WatchSettings     how `watch` follows a run that is still training
 
 Every field's metadata says whether it changes the numbers (`numbers`); only those fields
 key the results cache (`Settings.numbers`), together with NUMBERS_VERSION. Those that change
@@ -335,6 +336,41 @@ class RewardSettings:
 
 
 SCAN, SCORE, COMPARE, WATCH = "scan", "score", "compare", "watch"
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """How `watch` follows a run that is still training (docs/runs.md "Watching a run")."""
+
+    idle: float = setting(3600.0, "End (exit 0) after this many seconds with nothing new.",
+                          numbers=False)  # fmt: skip
+    until: Path | None = setting(
+        None, "End (exit 0) once this file exists (one the trainer writes at its end) and every "
+        "finished checkpoint is diagnosed.", numbers=False,
+    )  # fmt: skip
+    poll: float = setting(10.0, "Seconds between looks at the run.", numbers=False)
+    settle: float = setting(
+        30.0, "Seconds a checkpoint folder without its trainer's own last file must stay "
+        "unchanged to count as complete.", numbers=False,
+    )  # fmt: skip
+    every_step: bool = setting(
+        False, "Diagnose every waiting step in order (default: the newest first when the "
+        "trainer is faster).", numbers=False,
+    )  # fmt: skip
+    stop_on_fail: bool = setting(
+        False, "A failed gate rule ends the watch with exit 1.", numbers=False
+    )
+    on_fail: str | None = setting(
+        None, "A shell command run once at the first failed gate rule, with COLLAPSECHECK_STEP, "
+        "_CHECKPOINT, _RULE and _MESSAGE in its environment (scancel $SLURM_JOB_ID; touch a "
+        "stop file the trainer polls).", numbers=False,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for name in ("idle", "poll", "settle"):
+            _at_least(getattr(self, name), 0, name)
+        if self.until is not None:
+            object.__setattr__(self, "until", Path(self.until))
 
 
 @dataclass(frozen=True)

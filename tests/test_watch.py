@@ -21,8 +21,8 @@ from collapsecheck.inputs.completeness import (
     Completeness,
 )
 from collapsecheck.runs.units import VerdictThresholds
-from collapsecheck.runs.watch import SampledFrom, Watch, WatchSettings
-from collapsecheck.settings import Settings
+from collapsecheck.runs.watch import SampledFrom, Watch
+from collapsecheck.settings import Settings, WatchSettings
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS, ROOT
 
 FAST = {"k": 4, "num_prompts": 6, "max_new_tokens": 48, "device": "cpu", "bootstrap": 100}

@@ -35,28 +35,10 @@ from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
 from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
 from collapsecheck.runs.run import run_context
 from collapsecheck.runs.units import RolloutTraces, VerdictThresholds, WorkUnit
-from collapsecheck.settings import Settings
+from collapsecheck.settings import Settings, WatchSettings
 
 Say = Callable[[str], None]
 EXIT_FAIL = 1
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    """How `watch` follows a run: each field named like its flag."""
-
-    idle: float = 3600.0  # seconds with nothing new before the watch ends (exit 0)
-    until: Path | None = None  # a file the trainer writes at the end: the watch ends
-    poll: float = 10.0  # seconds between looks at the run directory
-    settle: float = 30.0  # seconds a folder without its writer's own mark must stay unchanged
-    every_step: bool = False  # every waiting step in order (default: the newest first)
-    stop_on_fail: bool = False  # a failed gate rule ends the watch with the gate's exit code
-    on_fail: str | None = None  # a shell command run once, on the first failed gate rule
-
-    def __post_init__(self) -> None:
-        for name in ("idle", "poll", "settle"):
-            if getattr(self, name) < 0:
-                raise CollapsecheckError(f"--{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass

@@ -575,3 +575,16 @@ def test_verl_shards_are_read_once_the_tracker_names_their_step(tmp_path):
     expected = unsmoothed(scan(shards, PROMPTS, **tiny).metrics)
     for report in reports_by_folder(watch).values():
         assert unsmoothed(report.metrics) == expected
+
+
+def test_a_bad_prompt_set_is_said_before_the_run_has_a_checkpoint(tmp_path):
+    """No time lost: the run may be hours from its first checkpoint, the mistake is now."""
+    from typer.testing import CliRunner
+
+    from collapsecheck.cli import app
+
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["watch", str(tmp_path / "not-yet"), "-p",
+                                      str(tmp_path / "missing.jsonl"), "--idle", "600"])  # fmt: skip
+    assert result.exit_code == 2 and time.monotonic() - started < 60
+    assert "prompt file not found" in result.output

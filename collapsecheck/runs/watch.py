@@ -29,6 +29,7 @@ from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.gate import RuleResult, check_report, failures
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import RunReport
+from collapsecheck.runs.diagnose import read_prompt_set, reward_function
 from collapsecheck.runs.executors import run_here
 from collapsecheck.runs.join import join, pairing_of
 from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
@@ -95,6 +96,11 @@ class SampledFrom:
 
     prompts: Path
 
+    def check(self, settings: Settings) -> None:
+        """The prompt set and the reward function read now, before the run has a checkpoint:
+        a mistake in them is said at once, not when the first checkpoint lands."""
+        reward_function(read_prompt_set(self.prompts, settings), settings)
+
     def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
         return plan_units(rows, self.prompts, watch.settings, watch.cache, watch.followed,
                           watch.say)  # fmt: skip
@@ -118,6 +124,11 @@ class TrainerRollouts:
 
     folder: Path | None = None
     training_prompts: Path | None = None
+
+    def check(self, settings: Settings) -> None:
+        """Rollouts are read as they land; a named training prompt file must exist now."""
+        if self.training_prompts is not None and not self.training_prompts.is_file():
+            raise CollapsecheckError(f"prompt file not found: {self.training_prompts}")
 
     def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
         try:
@@ -253,6 +264,7 @@ class Watch:
 
     def follow(self) -> int:
         """Diagnose each step as it lands until the run ends; the exit code."""
+        self.traces.check(self.settings)
         completeness = Completeness(self.watch.settle)
         last_news = time.monotonic()
         if not self.run_dir.is_dir():

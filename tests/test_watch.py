@@ -584,7 +584,7 @@ def test_a_bad_prompt_set_is_said_before_the_run_has_a_checkpoint(tmp_path):
     from collapsecheck.cli import app
 
     started = time.monotonic()
-    result = CliRunner().invoke(app, ["watch", str(tmp_path / "not-yet"), "-p",
-                                      str(tmp_path / "missing.jsonl"), "--idle", "600"])  # fmt: skip
+    args = ["watch", str(tmp_path / "not-yet"), "-p", str(tmp_path / "missing.jsonl")]
+    result = CliRunner().invoke(app, [*args, "--idle", "600"])
     assert result.exit_code == 2 and time.monotonic() - started < 60
     assert "prompt file not found" in result.output

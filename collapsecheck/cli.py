@@ -274,7 +274,7 @@ def gate_single_report(
         write_page_and_summary(outputs, report, title, report, results)
     print_report(stdout, report)
     if verbose:
-        print_timing(stdout, [("", report)])
+        print_timing(stdout, report)
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck")
 
@@ -299,7 +299,7 @@ def gate_run_report(
         write_page_and_summary(outputs, run_report, title, latest.report, results, run_report)
     print_run(stdout, run_report)
     if verbose:
-        print_timing(stdout, [(s.checkpoint.label, s.report) for s in run_report.steps])
+        print_timing(stdout, run_report)
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck")
 
@@ -660,7 +660,7 @@ def print_watched(run: Any, outputs: OutputSettings, verbose: bool) -> None:
         run.save(outputs.json_path)
     print_run(stdout, run)
     if verbose:
-        print_timing(stdout, [(s.checkpoint.label, s.report) for s in run.steps])
+        print_timing(stdout, run)
 
 
 @app.command()

@@ -277,10 +277,13 @@ def timing_line(timing: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def print_timing(console: Console, reports: list[tuple[str, Report]]) -> None:
-    """--verbose: each report's timing line (labelled by its step in a run)."""
-    for label, report in reports:
-        prefix = f"time, step {label}: " if label else "time: "
+def print_timing(console: Console, subject: Report | RunReport) -> None:
+    """--verbose: a report's timing line, or each step's of a run (labelled by its step)."""
+    if isinstance(subject, RunReport):
+        lines = [(f"time, step {s.checkpoint.label}: ", s.report) for s in subject.steps]
+    else:
+        lines = [("time: ", subject)]
+    for prefix, report in lines:
         console.print(prefix + timing_line(report.timing), style="dim", highlight=False)
 
 

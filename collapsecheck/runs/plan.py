@@ -21,7 +21,7 @@ from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.images import images_digest
 from collapsecheck.inputs.prompts import load_prompts
 from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions, parse_rollouts
-from collapsecheck.runs.cache import default_cache_root, samples_entry
+from collapsecheck.runs.cache import default_cache_root
 from collapsecheck.runs.cost import Cost, count, unit_cost
 from collapsecheck.runs.diagnose import require_decoded_inputs
 from collapsecheck.runs.pairing import RunRollouts, pair_rollouts, skipped_note
@@ -165,7 +165,7 @@ def kept_samples(
     root = cache_root(cache)
     if not writable(root):
         return None
-    return samples_entry(root, row.checkpoint, *traces.samples_key(settings))
+    return traces.samples_entry(root, row.checkpoint, settings)
 
 
 def rollout_cost(parsed: ParsedRollouts, settings: Settings) -> Cost:

@@ -22,7 +22,7 @@ from pathlib import Path
 from collapsecheck.engines.backends.base import Backend, Sample, SamplingParams
 from collapsecheck.engines.reasoning import TAGS, ReasoningSpec, extract_traces
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.files import locked, write_jsonl_atomic
+from collapsecheck.files import locked, write_text_atomic
 from collapsecheck.inputs.prompts import RenderedPrompt
 from collapsecheck.progress import ProgressHook
 from collapsecheck.reports.dump import PROMPTS_FILE, prompt_rows, write_images
@@ -39,13 +39,23 @@ class SampleStore:
 
     directory: Path
 
-    def read(self, rendered: Sequence[RenderedPrompt], k: int) -> dict[int, list[Sample]]:
-        """The samples kept for these prompts, by prompt index (none if the entry was made
-        for other prompts)."""
-        prompts, samples = self.directory / PROMPTS_FILE, self.directory / SAMPLES_FILE
-        if not (prompts.is_file() and samples.is_file()):
-            return {}
-        if prompts.read_text(encoding="utf-8") != self._prompts_text(rendered):
+    def open(self, rendered: Sequence[RenderedPrompt], k: int) -> dict[int, list[Sample]]:
+        """Carry on the entry for these prompts, or begin it (an entry made for other prompts
+        is begun again): the samples it keeps for them, by prompt index."""
+        prompts = self.directory / PROMPTS_FILE
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in prompt_rows(rendered))
+        if prompts.is_file() and prompts.read_text(encoding="utf-8") == text:
+            self._drop_cut_line()
+            return self._kept(len(rendered), k)
+        (self.directory / SAMPLES_FILE).unlink(missing_ok=True)
+        write_images(self.directory, rendered)
+        write_text_atomic(prompts, text)
+        return {}
+
+    def _kept(self, count: int, k: int) -> dict[int, list[Sample]]:
+        """The whole lines of samples.jsonl, for prompts below `count` with K samples each."""
+        samples = self.directory / SAMPLES_FILE
+        if not samples.is_file():
             return {}
         kept: dict[int, list[Sample]] = {}
         for line in samples.read_text(encoding="utf-8").splitlines():
@@ -54,21 +64,10 @@ class SampleStore:
                 group = [Sample(tuple(s["ids"]), bool(s["truncated"])) for s in row["samples"]]
                 index = int(row["prompt_index"])
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # the last line of a killed scan
-            if 0 <= index < len(rendered) and len(group) == k:
+                continue  # not a whole line
+            if 0 <= index < count and len(group) == k:
                 kept[index] = group
         return kept
-
-    def start(self, rendered: Sequence[RenderedPrompt]) -> None:
-        """Begin the entry for these prompts (an entry made for others is started again)."""
-        prompts = self.directory / PROMPTS_FILE
-        text = self._prompts_text(rendered)
-        if prompts.is_file() and prompts.read_text(encoding="utf-8") == text:
-            self._drop_cut_line()
-            return
-        (self.directory / SAMPLES_FILE).unlink(missing_ok=True)
-        write_images(self.directory, rendered)
-        write_jsonl_atomic(prompts, prompt_rows(rendered))
 
     def clear(self) -> None:
         """Forget the samples kept (--rescan samples afresh)."""
@@ -99,10 +98,6 @@ class SampleStore:
         )
         with (self.directory / SAMPLES_FILE).open("a", encoding="utf-8") as stream:
             stream.write(lines)
-
-    @staticmethod
-    def _prompts_text(rendered: Sequence[RenderedPrompt]) -> str:
-        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in prompt_rows(rendered))
 
 
 Check = Callable[[dict[int, list[Sample]]], None]
@@ -143,9 +138,7 @@ def sample_prompts(
     """K samples per prompt, and how many prompts' samples were read from `store` rather
     than sampled. `check` sees the first samples in hand (kept, or the first
     PROBE_RESPONSES drawn) before the rest are drawn, and raises to stop the scan."""
-    kept = store.read(rendered, params.k) if store is not None else {}
-    if store is not None:
-        store.start(rendered)
+    kept = store.open(rendered, params.k) if store is not None else {}
     if kept:
         check(kept)
     runs = probe_split(missing_runs(set(kept), len(rendered)), params.k)

@@ -40,10 +40,11 @@ class SampledTraces:
         file names (an image changed in place changes the numbers too)."""
         return self.prompts, self._with_images(settings.numbers())
 
-    def samples_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
-        """The file and the settings that key its samples entry: those that change the
-        traces alone (`Settings.sampling_key`), with the images."""
-        return self.prompts, self._with_images(settings.sampling_key())
+    def samples_entry(self, root: Path, checkpoint: Checkpoint, settings: Settings) -> Path:
+        """Where a checkpoint's traces of these prompts are kept under `root`: keyed by the
+        settings that change the traces alone (`Settings.sampling_key`), with the images."""
+        key = self._with_images(settings.sampling_key())
+        return samples_entry(root, checkpoint, self.prompts, key)
 
     def _with_images(self, key: dict[str, Any]) -> dict[str, Any]:
         if self.images_sha256 is not None:
@@ -124,7 +125,7 @@ def cached_unit(
     entry = cache_entry(root, row.checkpoint, source, key)
     samples = None
     if isinstance(traces, SampledTraces):
-        samples = samples_entry(root, row.checkpoint, *traces.samples_key(settings))
+        samples = traces.samples_entry(root, row.checkpoint, settings)
     return WorkUnit(row, traces, entry, cached=True, samples=samples, resample=resample)
 
 

@@ -102,8 +102,7 @@ class SampledFrom:
         reward_function(read_prompt_set(self.prompts, settings), settings)
 
     def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
-        return plan_units(rows, self.prompts, watch.settings, watch.cache, watch.followed,
-                          watch.say)  # fmt: skip
+        return plan_units(rows, self.prompts, watch.settings, watch.cache)
 
     def left_out(self, watch: Watch) -> list[str]:
         """Folders with weights that their writer's rule never called complete (still
@@ -193,22 +192,17 @@ def step_folders(run_dir: Path) -> list[Path]:
 
 
 def plan_units(
-    rows: list[RunCheckpoint], prompts: Path, settings: Settings, cache: Path | None,
-    followed: Followed, say: Say,
-) -> list[WorkUnit]:  # fmt: skip
-    """One unit per ready row through the results cache; a folder deleted while it is
-    planned is named and left out."""
-    units = []
-    for row in rows:
-        try:
-            (unit,) = plan_sampled([row], prompts, settings, cache=cache).units
-        except Exception:  # whatever reading a vanished folder raises
-            if row.checkpoint.path.exists():
-                raise
-            deleted(row, followed, say)
-            continue
-        units.append(unit)
-    return units
+    rows: list[RunCheckpoint], prompts: Path, settings: Settings, cache: Path | None
+) -> list[WorkUnit]:
+    """One unit per ready row through the results cache, planned together (the prompt file
+    read once a look); none this look where a folder vanished while planned: the next look
+    names it (`Followed.notice_deleted`) and plans the others."""
+    try:
+        return list(plan_sampled(rows, prompts, settings, cache=cache).units) if rows else []
+    except Exception:  # whatever reading a vanished folder raises
+        if all(row.checkpoint.path.exists() for row in rows):
+            raise
+        return []
 
 
 def deleted(row: RunCheckpoint, followed: Followed, say: Say) -> None:

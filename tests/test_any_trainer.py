@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from collapsecheck import scan, score
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.scan_dump import read_dump_samples
 from collapsecheck.integrations.any_trainer import diagnose_batch
-from collapsecheck.reports.dump import read_dump_samples
 from tests.conftest import HEALTHY, PROMPTS
 
 SETTINGS = {"device": "cpu", "bootstrap": 200}

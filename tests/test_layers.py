@@ -94,6 +94,17 @@ def test_the_measures_stage_is_pure_numpy_with_no_io_and_no_later_stage():
                 assert name.split(".")[0] in PURE_LIBRARIES, f"{path.name} imports {name}"
 
 
+LATER_STAGES = ("engines", "measures", "runs", "reports", "integrations", "cli")
+
+
+def test_the_inputs_stage_imports_no_later_stage():
+    """inputs/ is the first stage: a rollout reader needs nothing above it (issue 41)."""
+    for path in sorted((PACKAGE / "inputs").rglob("*.py")):
+        for name in imported_roots(path):
+            stage = name.split(".")[1] if name.startswith("collapsecheck.") else None
+            assert stage not in LATER_STAGES, f"{path.relative_to(ROOT)} imports {name}"
+
+
 def test_the_run_api_is_where_it_was_before_the_stages():
     import collapsecheck
     import collapsecheck.runs

@@ -3,9 +3,9 @@
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from collapsecheck.engines.backends.base import Sample
 from collapsecheck.engines.reasoning import ReasoningSpec, extract_traces, locate_reasoning
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.samples import Sample
 
 CORPUS = [
     "<think>the agent is at 3,1 and the goal at 0,4</think><answer>up</answer>",

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collapsecheck.engines.backends.base import Sample
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.samples import Sample
 
 if TYPE_CHECKING:
     from collapsecheck.settings import ScoringSettings

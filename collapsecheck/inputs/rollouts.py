@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from collapsecheck.engines.backends.base import Sample
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import hold_images
 from collapsecheck.inputs.prompts import (
@@ -39,9 +38,10 @@ from collapsecheck.inputs.prompts import (
     render_prompts,
 )
 from collapsecheck.inputs.rewards import as_reward
+from collapsecheck.inputs.samples import Sample, SampledPrompts
+from collapsecheck.inputs.scan_dump import read_dump_samples
 from collapsecheck.inputs.trainer_rollouts import trainer_rollouts
 from collapsecheck.inputs.trainer_rollouts.base import Row
-from collapsecheck.reports.dump import SampledPrompts, read_dump_samples
 from collapsecheck.settings import PromptSettings, Settings
 
 RESPONSE_FIELDS = ("response", "output", "completion")

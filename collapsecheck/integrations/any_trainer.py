@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from collapsecheck.engines.backends.base import Sample
 from collapsecheck.engines.backends.function import (
     DEFAULT_CALL_SIZE,
     FunctionBackend,
@@ -22,6 +21,7 @@ from collapsecheck.engines.backends.function import (
 )
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import Prompt, RenderedPrompt
+from collapsecheck.inputs.samples import Sample
 from collapsecheck.measures.flow import FlowThresholds
 from collapsecheck.measures.verdict import Thresholds
 from collapsecheck.progress import ProgressHook, silent

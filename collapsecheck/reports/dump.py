@@ -5,15 +5,12 @@ Every file is written atomically (`collapsecheck.files`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
-from collapsecheck.engines.backends.base import Sample
 from collapsecheck.engines.cross_scoring import (
     CrossScores,
     FlowScores,
@@ -23,17 +20,15 @@ from collapsecheck.engines.cross_scoring import (
 from collapsecheck.engines.reasoning import Trace
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_atomic, write_jsonl_atomic
-from collapsecheck.inputs.prompts import Prompt, RenderedPrompt, file_sha256
+from collapsecheck.inputs.prompts import RenderedPrompt
+from collapsecheck.inputs.scan_dump import IMAGES_DIR, PROMPTS_FILE, TRACES_FILE, read_jsonl
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs, PromptCounts, count_per_prompt
 
-PROMPTS_FILE = "prompts.jsonl"
-TRACES_FILE = "traces.jsonl"
 MATRIX_FILE = "cross_logprobs.npz"
 FLOW_FILE = "action_logprobs.npz"
 PER_PROMPT_FILE = "per_prompt.jsonl"
 REPORT_FILE = "report.json"
-IMAGES_DIR = "images"  # each distinct image of the prompts, its bytes as read, by sha256
 
 
 def prompt_rows(rendered: Sequence[RenderedPrompt]) -> list[dict[str, Any]]:
@@ -54,23 +49,6 @@ def write_images(directory: Path, rendered: Sequence[RenderedPrompt]) -> None:
             path = directory / IMAGES_DIR / image.sha256
             if not path.is_file():
                 write_atomic(path, "wb", lambda stream, data=image.data: stream.write(data))
-
-
-def read_images(directory: Path, row: dict[str, Any], where: str) -> tuple[tuple[int, Any], ...]:
-    """A prompt row's images from the dump's IMAGES_DIR, each checked against its hash."""
-    from collapsecheck.inputs.images import PromptImage
-
-    images = []
-    for entry in row.get("images", []):
-        path = directory / IMAGES_DIR / entry["sha256"]
-        try:
-            image = PromptImage(entry["source"], path.read_bytes())
-        except OSError as err:
-            raise CollapsecheckError(f"{where}: image {path}: {err.strerror}") from None
-        if image.sha256 != entry["sha256"]:
-            raise CollapsecheckError(f"{where}: image {path} changed since the scan wrote it")
-        images.append((int(entry["slot"]), image))
-    return tuple(images)
 
 
 def trace_rows(traces: Sequence[Trace]) -> list[dict[str, Any]]:
@@ -141,20 +119,6 @@ def write_flow(directory: Path, flow: FlowScores) -> None:
         )
 
     write_atomic(directory / FLOW_FILE, "wb", save)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise CollapsecheckError(f"{path}: missing from the dump directory") from None
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise CollapsecheckError(f"{path}:{number}: malformed JSON ({err.msg})") from None
-    return rows
 
 
 def read_flow(directory: str | Path) -> FlowLogProbs | None:
@@ -241,45 +205,3 @@ def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
             f"{directory / TRACES_FILE}: not a complete collapsecheck dump ({err})"
         ) from None
     return matrix, counts
-
-
-@dataclass
-class SampledPrompts:
-    """Prompts with their sampled responses, ready for reasoning extraction and
-    cross-scoring: what a dump or a rollout file holds."""
-
-    prompts: list[Prompt]
-    rendered: list[RenderedPrompt]
-    samples: list[list[Sample]]
-    settings: dict[str, Any]
-    rewards: list[list[float]] | None = None  # one per sample, where the rollouts carry them
-
-
-def read_dump_samples(directory: str | Path) -> SampledPrompts:
-    """A scan's dump: rendered prompts and sampled ids as they were, not re-tokenized."""
-    directory = Path(directory)
-    prompt_rows = read_jsonl(directory / PROMPTS_FILE)
-    trace_rows = read_jsonl(directory / TRACES_FILE)
-    try:
-        rendered = [
-            RenderedPrompt(
-                row["text"],
-                tuple(row["ids"]),
-                read_images(directory, row, f"{directory / PROMPTS_FILE}:{line}"),
-            )
-            for line, row in enumerate(prompt_rows, 1)
-        ]
-        samples: list[list[Sample]] = [[] for _ in rendered]
-        for row in trace_rows:
-            samples[row["prompt_index"]].append(
-                Sample(tuple(row["response_ids"]), bool(row["truncated"]))
-            )
-    except (KeyError, IndexError, TypeError) as err:
-        raise CollapsecheckError(
-            f"{directory}: not a complete collapsecheck dump ({err})"
-        ) from None
-    prompts = [
-        Prompt(r.text, f"{directory / PROMPTS_FILE}:{i + 1}") for i, r in enumerate(rendered)
-    ]
-    settings = {"rollouts": str(directory), "rollouts_sha256": file_sha256(directory / TRACES_FILE)}
-    return SampledPrompts(prompts, rendered, samples, settings)

@@ -11,17 +11,10 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import PromptImage
+from collapsecheck.inputs.scan_dump import PROMPTS_FILE, TRACES_FILE, read_images, read_jsonl
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs
-from collapsecheck.reports.dump import (
-    MATRIX_FILE,
-    PROMPTS_FILE,
-    TRACES_FILE,
-    read_flow,
-    read_images,
-    read_jsonl,
-    read_matrix,
-)
+from collapsecheck.reports.dump import MATRIX_FILE, read_flow, read_matrix
 
 
 @dataclass(frozen=True)

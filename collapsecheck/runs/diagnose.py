@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from collapsecheck.engines.backends.base import Backend, Sample, SamplingParams
+from collapsecheck.engines.backends.base import Backend, SamplingParams
 from collapsecheck.engines.backends.registry import load_backend
 from collapsecheck.engines.cross_scoring import CrossScores, FlowScores, column_groups, cross_score
 from collapsecheck.engines.reasoning import (
@@ -54,6 +54,7 @@ from collapsecheck.inputs.rollouts import (
     parse_rollouts,
     read_rollouts,
 )
+from collapsecheck.inputs.samples import Sample, SampledPrompts
 from collapsecheck.measures.flow import (
     FLOW_KEYS,
     FlowLogProbs,
@@ -75,7 +76,6 @@ from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import (
     REPORT_FILE,
-    SampledPrompts,
     write_matrix,
     write_per_prompt,
     write_samples,

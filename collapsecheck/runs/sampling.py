@@ -19,13 +19,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collapsecheck.engines.backends.base import Backend, Sample, SamplingParams
+from collapsecheck.engines.backends.base import Backend, SamplingParams
 from collapsecheck.engines.reasoning import TAGS, ReasoningSpec, extract_traces
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked, write_text_atomic
 from collapsecheck.inputs.prompts import RenderedPrompt
+from collapsecheck.inputs.samples import Sample
+from collapsecheck.inputs.scan_dump import PROMPTS_FILE
 from collapsecheck.progress import ProgressHook
-from collapsecheck.reports.dump import PROMPTS_FILE, prompt_rows, write_images
+from collapsecheck.reports.dump import prompt_rows, write_images
 
 SAMPLES_FILE = "samples.jsonl"  # one line per prompt: its K samples' ids, appended as drawn
 PROBE_RESPONSES = 8  # responses sampled first, to see whether they hold a reasoning segment

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from collapsecheck.inputs.samples import Sample
 from collapsecheck.progress import Progress, no_progress
 
 if TYPE_CHECKING:
@@ -42,15 +43,6 @@ def prompt_seed(seed: int, prompt_index: int) -> int:
     """The sampling seed of one prompt: its traces depend on (seed, index) alone, not on
     which other prompts are in the set or how they are batched."""
     return int(np.random.SeedSequence([seed, prompt_index]).generate_state(1)[0])
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sampled response: its token ids (stop token excluded) and whether the length
-    limit cut it before a stop token."""
-
-    ids: tuple[int, ...]
-    truncated: bool
 
 
 @dataclass(frozen=True)

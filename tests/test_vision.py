@@ -117,6 +117,24 @@ def test_a_text_only_checkpoint_refuses_prompts_with_images():
     assert "the prompt holds images but the checkpoint is a text-only model" in result.output
 
 
+def test_a_text_only_chat_template_beside_a_vision_checkpoint_is_one_line_naming_it(tmp_path):
+    """Issue 41: a template that concatenates each message's content as a string fails on
+    image parts; that is the template's and the row's fault (exit 2), not an internal error."""
+    checkpoint = tmp_path / "text-template"
+    shutil.copytree(TINY, checkpoint)
+    (checkpoint / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+        "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    result = invoke("scan", checkpoint, *FAST)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"{PROMPTS}:1: {checkpoint / 'chat_template.jinja'} cannot render this row" in said
+    assert "can only concatenate str" in said and "does the template render them?" in said
+    assert "internal error" not in said and "Traceback" not in said
+
+
 def test_image_tokens_hold_the_images_slot_and_swap_in_place(rendered, backend):
     runs = [image_runs(r.ids) for r in rendered]
     per_image = backend.vision.placeholders(backend.vision.slots.images[-1])

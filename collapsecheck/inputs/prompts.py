@@ -260,10 +260,7 @@ def render_prompt(
                 f"{prompt.origin}: the prompt is chat messages but the checkpoint's tokenizer "
                 "has no chat template; give plain-string prompts or a tokenizer with one"
             )
-        text = tokenizer.apply_chat_template(
-            _template_messages(content), add_generation_prompt=True, tokenize=False,
-            **(template_kwargs or {}),
-        )  # fmt: skip
+        text = apply_chat_template(tokenizer, content, template_kwargs, prompt.origin, bool(images))
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
         text = content
@@ -274,6 +271,43 @@ def render_prompt(
     if slotted:
         ids = _with_images(ids, slotted, vision, prompt.origin)
     return RenderedPrompt(text=text, ids=tuple(int(i) for i in ids), images=slotted)
+
+
+def template_source(tokenizer: Any) -> str:
+    """Where the checkpoint's chat template was read from, to name it in a message."""
+    folder = Path(getattr(tokenizer, "name_or_path", "") or ".")
+    for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+        if (folder / name).is_file():
+            return str(folder / name)
+    return f"the chat template of {folder}"
+
+
+def apply_chat_template(
+    tokenizer: Any,
+    messages: Messages,
+    template_kwargs: dict[str, Any] | None,
+    where: str,
+    with_images: bool = False,
+) -> str:
+    """The messages rendered by the checkpoint's chat template with the generation prompt. The
+    template is the user's code (Jinja): whatever it raises on a row is the row's or the
+    template's fault, said in one line naming both, never an internal error."""
+    try:
+        return tokenizer.apply_chat_template(
+            _template_messages(messages), add_generation_prompt=True, tokenize=False,
+            **(template_kwargs or {}),
+        )  # fmt: skip
+    except Exception as err:  # a user's template (Jinja) can raise anything
+        hint = ""
+        if with_images:
+            hint = (
+                "; the row holds image parts: does the template render them? (a text-only "
+                "template saved beside a vision-language checkpoint cannot)"
+            )
+        raise CollapsecheckError(
+            f"{where}: {template_source(tokenizer)} cannot render this row's messages "
+            f"({type(err).__name__}: {err}){hint}"
+        ) from None
 
 
 def _template_messages(messages: Messages) -> Messages:

@@ -31,6 +31,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import hold_images
 from collapsecheck.inputs.prompts import (
     Prompt,
+    RenderedPrompt,
     file_sha256,
     load_prompts,
     numbered_rows,
@@ -38,7 +39,7 @@ from collapsecheck.inputs.prompts import (
     render_prompts,
 )
 from collapsecheck.inputs.rewards import as_reward
-from collapsecheck.inputs.samples import Sample, SampledPrompts
+from collapsecheck.inputs.samples import Sample, SampledPrompts, decode_ids
 from collapsecheck.inputs.scan_dump import read_dump_samples
 from collapsecheck.inputs.trainer_rollouts import trainer_rollouts
 from collapsecheck.inputs.trainer_rollouts.base import Row
@@ -89,6 +90,7 @@ class _Turn:
     response: Any  # text, or token ids
     truncated: bool
     reward: float | None = None
+    prompt_ids: tuple[int, ...] | None = None  # the exact context, where the trainer kept it
 
 
 def _reward(row: dict[str, Any], options: RolloutOptions, where: str) -> float | None:
@@ -114,23 +116,32 @@ def _turn(
     --keep-prompts can write that row back); its reward is the row's own, else `reward` (a
     trajectory's, for each of its turns)."""
     prompt = Prompt(prompt_from_row(row, options.prompt_field, where, base), where, number=number)
-    if options.response_ids_field:
-        ids = _field(row, options.response_ids_field, (), where)
-        if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
-            raise CollapsecheckError(f"{where}: {options.response_ids_field} must be token ids")
-        response: Any = tuple(ids)
+    ids_field = options.response_ids_field or ("response_ids" if "response_ids" in row else None)
+    if ids_field:
+        response: Any = token_ids(_field(row, ids_field, (), where), where, ids_field)
     else:
         response = _field(row, options.response_field, RESPONSE_FIELDS, where)
         if not isinstance(response, str):
             raise CollapsecheckError(f"{where}: the response must be text")
     own = _reward(row, options, where)
     truncated = bool(row.get("truncated", False))
-    return _Turn(prompt, response, truncated, own if own is not None else reward)
+    context = token_ids(row["prompt_ids"], where, "prompt_ids") if "prompt_ids" in row else None
+    return _Turn(prompt, response, truncated, own if own is not None else reward, context)
 
 
-def _sample(turn: _Turn, tokenizer: Any) -> Sample:
+def token_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
+    ids = value.tolist() if hasattr(value, "tolist") else value
+    if not (isinstance(ids, list | tuple) and all(isinstance(i, int) for i in ids)):
+        raise CollapsecheckError(f"{where}: {name} must be token ids")
+    return tuple(ids)
+
+
+def _sample(turn: _Turn, tokenizer: Any, stop_ids: Sequence[int]) -> Sample:
+    """The response as ids: those the trainer kept (a stop token it kept at the end dropped,
+    as sampling drops it), else its text tokenized."""
     if isinstance(turn.response, tuple):
-        return Sample(turn.response, turn.truncated)
+        ids = turn.response
+        return Sample(ids[:-1] if ids and ids[-1] in stop_ids else ids, turn.truncated)
     ids = tokenizer(turn.response, add_special_tokens=False)["input_ids"]
     return Sample(tuple(int(i) for i in ids), turn.truncated)
 
@@ -141,6 +152,8 @@ def _group_single_turns(rows: list[Row], options: RolloutOptions, base: Path) ->
         turn = _turn(row, options, where, number, base)
         if options.group_field or any(f in row for f in GROUP_FIELDS):
             key = json.dumps(_field(row, options.group_field, GROUP_FIELDS, where), default=str)
+        elif turn.prompt_ids is not None:  # the exact context
+            key = json.dumps(turn.prompt_ids)
         else:  # the prompt itself, an image by its content
             key = json.dumps(turn.prompt.content, default=lambda image: image.sha256)
         groups.setdefault(key, []).append(turn)
@@ -273,18 +286,32 @@ def read_rollouts(
     rendering: PromptSettings | None = None,
     parsed: ParsedRollouts | None = None,
     vision: Any = None,
+    stop_ids: Sequence[int] = (),
 ) -> SampledPrompts:
     """Prompts and samples of a rollout file (`parsed` already, or parsed here) or a dump
-    directory (`vision`: the backend's, for prompts with images)."""
+    directory (`vision`: the backend's, for prompts with images; `stop_ids`: the model's)."""
     if Path(path).is_dir():
         saved = read_dump_samples(Path(path))
         hold_images(saved.rendered, vision, str(path))
         return saved
     parsed = parsed or _parse_file(Path(path), options)
     prompts = [group[0].prompt for group in parsed.groups]
-    rendered = render_prompts(prompts, tokenizer, rendering or PromptSettings(), vision)
-    samples = [[_sample(turn, tokenizer) for turn in group] for group in parsed.groups]
+    rendered = _rendered(parsed.groups, tokenizer, rendering or PromptSettings(), vision)
+    samples = [[_sample(turn, tokenizer, stop_ids) for turn in group] for group in parsed.groups]
     return SampledPrompts(prompts, rendered, samples, parsed.settings, parsed.rewards)
+
+
+def _rendered(
+    groups: list[list[_Turn]], tokenizer: Any, rendering: PromptSettings, vision: Any
+) -> list[RenderedPrompt]:
+    """Each group's context: the ids the trainer kept, exactly, else its prompt rendered."""
+    kept = [group[0].prompt_ids for group in groups]
+    to_render = [group[0].prompt for group, ids in zip(groups, kept, strict=True) if ids is None]
+    rendered = iter(render_prompts(to_render, tokenizer, rendering, vision))
+    return [
+        next(rendered) if ids is None else RenderedPrompt(decode_ids(tokenizer, ids), ids)
+        for ids in kept
+    ]
 
 
 def _rewards(

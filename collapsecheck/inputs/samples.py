@@ -1,9 +1,10 @@
-"""Sampled responses as every stage sees them: a response's token ids, and a prompt set with
-its responses. Backends return them, rollout readers and a scan's dump build them, the
-cross-scorer reads them."""
+"""Sampled responses as every stage sees them: a response's token ids (and their text), and
+a prompt set with its responses. Backends return them, rollout readers and a scan's dump
+build them, the cross-scorer reads them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,3 +30,24 @@ class SampledPrompts:
     samples: list[list[Sample]]
     settings: dict[str, Any]
     rewards: list[list[float]] | None = None  # one per sample, where the rollouts carry them
+
+
+def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Token ids to text, special tokens kept, no clean-up: what every backend's decode is.
+    An image's tokens (its slot, a negative id: `inputs.images`) read as `<image>`."""
+    text, run = [], []
+    for i, token in enumerate(ids):
+        if token >= 0:
+            run.append(token)
+            continue
+        if run:
+            text.append(tokenizer.decode(run, skip_special_tokens=False,
+                                         clean_up_tokenization_spaces=False))  # fmt: skip
+            run = []
+        if i == 0 or ids[i - 1] != token:
+            text.append("<image>")
+    if run or not text:
+        text.append(
+            tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        )
+    return "".join(text)

@@ -26,7 +26,9 @@ from collapsecheck.measures.flow import FlowThresholds
 from collapsecheck.measures.verdict import Thresholds
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.report import Report
-from collapsecheck.runs.diagnose import Diagnosis, diagnose, prepare, require_two_prompts, utc_now
+from collapsecheck.runs.diagnose import Diagnosis, diagnose
+from collapsecheck.runs.preparation import prepare, require_two_prompts
+from collapsecheck.runs.report_contents import utc_now
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import Settings, resolve_settings
 

@@ -62,7 +62,8 @@ from collapsecheck.measures.verdict import Thresholds
 from collapsecheck.reports.dump import IMAGES_DIR
 from collapsecheck.reports.gate import check_report, failures
 from collapsecheck.reports.report import Report
-from collapsecheck.runs.diagnose import read_prompt_set, scan, score
+from collapsecheck.runs.diagnose import scan, score
+from collapsecheck.runs.preparation import read_prompt_set
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import LoadSettings, Settings, resolve_settings
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.report import Report
-from collapsecheck.runs.diagnose import open_backend
+from collapsecheck.runs.loading import open_backend
 from collapsecheck.runs.plan import ScanPlan
 from collapsecheck.runs.units import VerdictThresholds, WorkUnit, for_step, run_unit
 from collapsecheck.settings import Settings

@@ -18,9 +18,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from collapsecheck.engines.backends.base import Backend, SamplingParams
-from collapsecheck.engines.reasoning import TAGS, ReasoningSpec, extract_traces
+from collapsecheck.engines.reasoning import TAGS, ReasoningSpec, extract_traces, reasoning_spec
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked, write_text_atomic
 from collapsecheck.inputs.prompts import RenderedPrompt
@@ -28,6 +29,8 @@ from collapsecheck.inputs.samples import Sample
 from collapsecheck.inputs.scan_dump import PROMPTS_FILE
 from collapsecheck.progress import ProgressHook
 from collapsecheck.reports.dump import prompt_rows, write_images
+from collapsecheck.runs.preparation import Prepared
+from collapsecheck.settings import PromptSettings, Settings
 
 SAMPLES_FILE = "samples.jsonl"  # one line per prompt: its K samples' ids, appended as drawn
 PROBE_RESPONSES = 8  # responses sampled first, to see whether they hold a reasoning segment
@@ -189,3 +192,49 @@ def reasoning_check(
         )
 
     return check
+
+
+def sampling_warnings(params: SamplingParams) -> tuple[str, ...]:
+    """Sampling other than the policy's own distribution skews what the scorer reads."""
+    if params.temperature == 1 and params.top_p == 1:
+        return ()
+    return (
+        f"sampled at temperature {params.temperature:g} and top-p {params.top_p:g}, not the "
+        "policy's own distribution (temperature 1, top-p 1), while the scorer reads the policy "
+        "at temperature 1: entropy and MI describe these skewed traces, not the policy",
+    )
+
+
+def sample(
+    backend: Backend,
+    prepared: Prepared,
+    params: SamplingParams,
+    settings: Settings,
+    progress: ProgressHook,
+    samples: Path | None,
+) -> tuple[list[list[Sample]], int]:
+    """K samples per prompt (`runs.sampling`): those a samples entry keeps read back, the
+    rest sampled, the first checked for a reasoning segment before the others are drawn.
+    Returns them and how many prompts' samples were read back."""
+    check = reasoning_check(
+        backend.decode, reasoning_spec(settings.scoring), prepared.opened,
+        no_reasoning_hint(prepared, backend.tokenizer, settings.prompts),
+    )  # fmt: skip
+    store = SampleStore(samples) if samples is not None else None
+    return sample_prompts(backend, prepared.rendered, params, progress, store, check)
+
+
+def no_reasoning_hint(prepared: Prepared, tokenizer: Any, rendering: PromptSettings) -> str:
+    """What to try when no response has a reasoning segment: the prompt rendering first, when
+    plain-text prompts went to a chat model verbatim, else another segment."""
+    plain = not any(p.is_chat for p in prepared.prompts)
+    if plain and not rendering.as_chat and getattr(tokenizer, "chat_template", None):
+        return (
+            "the prompts are plain text given to the model verbatim, but the checkpoint has a "
+            "chat template: pass --as-chat (and --system-prompt TEXT if the policy was trained "
+            "with one) so they are rendered as in training"
+        )
+    return (
+        "pick another segment with --reasoning-tags OPEN,CLOSE, --reasoning-regex or "
+        "--whole-response"
+    )

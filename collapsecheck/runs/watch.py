@@ -29,11 +29,12 @@ from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.gate import RuleResult, check_report, failures
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import RunReport
-from collapsecheck.runs.diagnose import read_prompt_set, reward_function
 from collapsecheck.runs.executors import run_here
+from collapsecheck.runs.explanation import reward_function
 from collapsecheck.runs.join import join, pairing_of
 from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
 from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
+from collapsecheck.runs.preparation import read_prompt_set
 from collapsecheck.runs.run import run_context
 from collapsecheck.runs.units import RolloutTraces, VerdictThresholds, WorkUnit
 from collapsecheck.settings import Settings, WatchSettings

@@ -11,14 +11,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from collapsecheck.inputs.samples import Sample
+from collapsecheck.inputs.samples import Sample, decode_ids
 from collapsecheck.progress import Progress, no_progress
 
 if TYPE_CHECKING:
     from collapsecheck.inputs.formats.base import Checkpoint
     from collapsecheck.settings import LoadSettings, SamplingSettings
 
-__all__ = ["Backend", "Progress", "Sample", "SamplingParams", "ScoreRequest", "no_progress"]
+__all__ = [
+    "Backend",
+    "Progress",
+    "Sample",
+    "SamplingParams",
+    "ScoreRequest",
+    "decode_ids",
+    "no_progress",
+]
 
 
 @dataclass(frozen=True)
@@ -114,27 +122,6 @@ def stop_token_ids(*sources: int | Iterable[int] | None) -> list[int]:
         tokens = [source] if source is None or isinstance(source, int) else list(source)
         ids += [int(t) for t in tokens if t is not None and int(t) not in ids]
     return ids
-
-
-def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:
-    """Token ids to text, special tokens kept, no clean-up: what every backend's decode is.
-    An image's tokens (its slot, a negative id: `inputs.images`) read as `<image>`."""
-    text, run = [], []
-    for i, token in enumerate(ids):
-        if token >= 0:
-            run.append(token)
-            continue
-        if run:
-            text.append(tokenizer.decode(run, skip_special_tokens=False,
-                                         clean_up_tokenization_spaces=False))  # fmt: skip
-            run = []
-        if i == 0 or ids[i - 1] != token:
-            text.append("<image>")
-    if run or not text:
-        text.append(
-            tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        )
-    return "".join(text)
 
 
 class SplitBackend:

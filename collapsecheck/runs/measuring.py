@@ -1,0 +1,105 @@
+"""From traces to numbers: the cross log-probability matrix, the metrics with their
+intervals (SPEC "Metrics") and the information flow (SPEC "Information flow")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from collapsecheck.engines.backends.base import Backend
+from collapsecheck.engines.cross_scoring import CrossScores, cross_score
+from collapsecheck.engines.reasoning import (
+    Trace,
+    action_spec,
+    reasoning_spec,
+)
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.images import swap_reason
+from collapsecheck.measures.flow import (
+    FLOW_KEYS,
+    compute_flow_metrics,
+    not_measured_reason,
+)
+from collapsecheck.measures.image_share import image_share_metrics
+from collapsecheck.measures.metrics import (
+    PromptCounts,
+    compute_metrics,
+    count_per_prompt,
+)
+from collapsecheck.progress import ProgressHook
+from collapsecheck.runs.preparation import Prepared
+from collapsecheck.runs.sampling import no_reasoning_hint
+from collapsecheck.settings import (
+    AnalysisSettings,
+    Settings,
+)
+
+
+def score_traces(
+    backend: Backend,
+    prepared: Prepared,
+    traces: Sequence[Trace],
+    settings: Settings,
+    progress: ProgressHook,
+) -> CrossScores:
+    """SPEC "The cross log-probability matrix" of the valid traces."""
+    spec = reasoning_spec(settings.scoring)
+    if not any(t.valid for t in traces):
+        hint = no_reasoning_hint(prepared, backend.tokenizer, settings.prompts)
+        raise CollapsecheckError(
+            f"no response had a reasoning segment {spec.describe()} (0 of {len(traces)}); " + hint
+        )
+    return cross_score(
+        backend,
+        traces,
+        prepared.ids,
+        progress,
+        negatives=settings.scoring.negatives_bound,
+        seed=settings.analysis.seed,
+        flow=action_spec(settings.scoring) is not None,
+        image_swap=swap_reason(prepared.ids) is None,
+    )
+
+
+def measure_flow(
+    scores: CrossScores, analysis: AnalysisSettings, skipped: bool
+) -> tuple[dict[str, Any], str | None]:
+    """SPEC "Information flow" metrics (NaN where not measured) and why they were not."""
+    flow = scores.flow.logprobs if scores.flow is not None else None
+    reason = "--no-flow" if skipped else not_measured_reason(flow)
+    if reason is not None:
+        return {key: math.nan for key in FLOW_KEYS}, reason
+    return compute_flow_metrics(flow, resamples=analysis.bootstrap, seed=analysis.seed), None
+
+
+def prompt_counts(traces: Sequence[Trace], num_prompts: int) -> PromptCounts:
+    """Per prompt: responses, valid and truncated traces, distinct reasoning strings."""
+    return count_per_prompt(
+        num_prompts,
+        [t.prompt_index for t in traces],
+        [t.valid for t in traces],
+        [t.truncated for t in traces],
+        [t.reasoning for t in traces],
+    )
+
+
+def measure(
+    scores: CrossScores, counts: PromptCounts, analysis: AnalysisSettings, checkpoint: str
+) -> dict[str, Any]:
+    """SPEC "Metrics" with their bootstrap intervals; NaN log-probabilities refuse a verdict."""
+    try:
+        metrics = compute_metrics(
+            scores.matrix, counts, resamples=analysis.bootstrap, seed=analysis.seed
+        )
+        if scores.image_swapped is not None:
+            swapped, resamples = scores.image_swapped, analysis.bootstrap
+            image = image_share_metrics(
+                scores.matrix, swapped, resamples=resamples, seed=analysis.seed
+            )
+            metrics.update(image)
+        return metrics
+    except ValueError as err:
+        raise CollapsecheckError(
+            f"{checkpoint}: no verdict: {err} (check the weights and --dtype)"
+        ) from None

@@ -60,6 +60,16 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def content_sha256(path: Path) -> str:
+    """A file's hash, or a folder's: of every file in it, by its path within the folder."""
+    if path.is_file():
+        return file_sha256(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path)}\0{file_sha256(file)}\n".encode())
+    return digest.hexdigest()
+
+
 def _decode_lines(path: Path) -> list[str]:
     raw = path.read_bytes()
     try:

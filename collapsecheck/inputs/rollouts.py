@@ -32,7 +32,7 @@ from collapsecheck.inputs.images import hold_images
 from collapsecheck.inputs.prompts import (
     Prompt,
     RenderedPrompt,
-    file_sha256,
+    content_sha256,
     load_prompts,
     numbered_rows,
     prompt_from_row,
@@ -41,7 +41,7 @@ from collapsecheck.inputs.prompts import (
 from collapsecheck.inputs.rewards import as_reward
 from collapsecheck.inputs.samples import Sample, SampledPrompts, decode_ids
 from collapsecheck.inputs.scan_dump import read_dump_samples
-from collapsecheck.inputs.trainer_rollouts import trainer_rollouts
+from collapsecheck.inputs.trainer_rollouts import trainer_reader, trainer_rollouts
 from collapsecheck.inputs.trainer_rollouts.base import Row
 from collapsecheck.settings import PromptSettings, Settings
 
@@ -91,6 +91,7 @@ class _Turn:
     truncated: bool
     reward: float | None = None
     prompt_ids: tuple[int, ...] | None = None  # the exact context, where the trainer kept it
+    rendered: bool = False  # the prompt is the context as text, chat markers and all
 
 
 def _reward(row: dict[str, Any], options: RolloutOptions, where: str) -> float | None:
@@ -126,7 +127,8 @@ def _turn(
     own = _reward(row, options, where)
     truncated = bool(row.get("truncated", False))
     context = token_ids(row["prompt_ids"], where, "prompt_ids") if "prompt_ids" in row else None
-    return _Turn(prompt, response, truncated, own if own is not None else reward, context)
+    rendered = bool(row.get("rendered", False))
+    return _Turn(prompt, response, truncated, own if own is not None else reward, context, rendered)
 
 
 def token_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
@@ -137,13 +139,13 @@ def token_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
 
 
 def _sample(turn: _Turn, tokenizer: Any, stop_ids: Sequence[int]) -> Sample:
-    """The response as ids: those the trainer kept (a stop token it kept at the end dropped,
-    as sampling drops it), else its text tokenized."""
+    """The response as ids: those the trainer kept, else its text tokenized; a stop token at
+    the end (a trainer that keeps special tokens kept it) dropped, as sampling drops it."""
     if isinstance(turn.response, tuple):
         ids = turn.response
-        return Sample(ids[:-1] if ids and ids[-1] in stop_ids else ids, turn.truncated)
-    ids = tokenizer(turn.response, add_special_tokens=False)["input_ids"]
-    return Sample(tuple(int(i) for i in ids), turn.truncated)
+    else:
+        ids = tuple(int(i) for i in tokenizer(turn.response, add_special_tokens=False)["input_ids"])
+    return Sample(ids[:-1] if ids and ids[-1] in stop_ids else ids, turn.truncated)
 
 
 def _group_single_turns(rows: list[Row], options: RolloutOptions, base: Path) -> list[list[_Turn]]:
@@ -201,13 +203,18 @@ def parse_rollouts(path: str | Path, options: RolloutOptions) -> ParsedRollouts 
     """Every row of a rollout file read and checked, before any model loads; None for a dump
     directory (read with the tokenizer, by `read_rollouts`)."""
     path = Path(path)
-    return None if path.is_dir() else _parse_file(path, options)
+    return None if is_scan_dump(path) else _parse_file(path, options)
+
+
+def is_scan_dump(path: Path) -> bool:
+    """A folder that is no trainer's step folder: a scan's dump."""
+    return path.is_dir() and trainer_reader(path) is None
 
 
 def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
-    if not path.is_file():
+    if not path.exists():
         raise CollapsecheckError(f"rollouts not found: {path}")
-    settings: dict[str, Any] = {"rollouts": str(path), "rollouts_sha256": file_sha256(path)}
+    settings: dict[str, Any] = {"rollouts": str(path), "rollouts_sha256": content_sha256(path)}
     written = trainer_rollouts(path)
     if written is not None:
         rows = written.rows
@@ -290,7 +297,7 @@ def read_rollouts(
 ) -> SampledPrompts:
     """Prompts and samples of a rollout file (`parsed` already, or parsed here) or a dump
     directory (`vision`: the backend's, for prompts with images; `stop_ids`: the model's)."""
-    if Path(path).is_dir():
+    if is_scan_dump(Path(path)):
         saved = read_dump_samples(Path(path))
         hold_images(saved.rendered, vision, str(path))
         return saved
@@ -304,14 +311,24 @@ def read_rollouts(
 def _rendered(
     groups: list[list[_Turn]], tokenizer: Any, rendering: PromptSettings, vision: Any
 ) -> list[RenderedPrompt]:
-    """Each group's context: the ids the trainer kept, exactly, else its prompt rendered."""
-    kept = [group[0].prompt_ids for group in groups]
+    """Each group's context: the ids the trainer kept, exactly; a context kept as text (chat
+    markers and all) tokenized as it stands; else its prompt rendered."""
+    kept = [group[0].prompt_ids or as_context(group[0], tokenizer) for group in groups]
     to_render = [group[0].prompt for group, ids in zip(groups, kept, strict=True) if ids is None]
     rendered = iter(render_prompts(to_render, tokenizer, rendering, vision))
     return [
         next(rendered) if ids is None else RenderedPrompt(decode_ids(tokenizer, ids), ids)
         for ids in kept
     ]
+
+
+def as_context(turn: _Turn, tokenizer: Any) -> tuple[int, ...] | None:
+    """A context the trainer kept as rendered text, as ids (no special tokens added)."""
+    if not turn.rendered:
+        return None
+    return tuple(
+        int(i) for i in tokenizer(turn.prompt.content, add_special_tokens=False)["input_ids"]
+    )
 
 
 def _rewards(

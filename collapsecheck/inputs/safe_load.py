@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.formats.base import first_line
 
 # plain data a pickle may rebuild: (module, name) -> how
 PLAIN = {
@@ -167,7 +168,3 @@ def unsupported_global(message: str) -> str | None:
     global: GLOBAL a.b" or "unsupported GLOBAL a.b whose module a is blocked")."""
     found = re.search(r"GLOBAL ([\w.]+)", message)
     return found.group(1).rstrip(".") if found else None
-
-
-def first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

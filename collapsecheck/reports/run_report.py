@@ -30,7 +30,7 @@ class Pairing:
     @property
     def gap(self) -> int:
         """Updates between the checkpoint and the weights that sampled (0: those weights)."""
-        return self.rollouts.step - 1 - (self.checkpoint.step or 0)
+        return self.rollouts.policy_step - (self.checkpoint.step or 0)
 
     @property
     def row(self) -> RunCheckpoint:

@@ -68,12 +68,12 @@ def run_rollouts(run_dir: Path, rollouts: str | Path | RunRollouts | None) -> Ru
 def pair_rollouts(
     files: Sequence[RolloutFile], checkpoints: Sequence[RunCheckpoint]
 ) -> tuple[list[Pairing], list[RolloutFile]]:
-    """Each step's rollouts with the checkpoint at step s - 1, else the nearest earlier one;
-    and the steps that have none."""
+    """Each step's rollouts with the checkpoint whose weights sampled them (`policy_step`:
+    s - 1 for TRL and veRL), else the nearest earlier one; and the steps that have none."""
     numbered = sorted((c for c in checkpoints if c.step is not None), key=lambda c: c.step)
     pairings, skipped = [], []
     for rollouts in files:
-        earlier = [c for c in numbered if c.step <= rollouts.step - 1]
+        earlier = [c for c in numbered if c.step <= rollouts.policy_step]
         if earlier:
             pairings.append(Pairing(rollouts, earlier[-1]))
         else:

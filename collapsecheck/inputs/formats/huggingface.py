@@ -1,7 +1,8 @@
 """Hugging Face causal-LM directories, also HF Trainer / TRL `checkpoint-N`: config.json and
 weights (`model.safetensors`, a sharded `*.index.json`, or `pytorch_model.bin`). A veRL
 `global_step_N/` that holds a merged model in `actor/huggingface/` or `huggingface/` is read
-from there."""
+from there, and SkyRL's `{export_path}/global_step_N/` (trainer.hf_save_interval) from its
+`policy/`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collapsecheck.settings import LoadSettings
 
 KIND = "huggingface"
 EXPECTED = "config.json with weights"
-LOCATIONS = (".", "actor/huggingface", "huggingface")
+LOCATIONS = (".", "actor/huggingface", "huggingface", "policy")  # policy/: SkyRL's HF export
 
 
 def is_model_directory(path: Path) -> bool:

@@ -1,5 +1,7 @@
 """veRL FSDP actor checkpoints: `model_world_size_W_rank_R.pt` shards beside
-`huggingface/config.json` (in the folder or its `actor/`), merged in memory.
+`huggingface/config.json` (in the folder or its `actor/`), merged in memory. Older veRL (the
+one verl-agent ships) saves the config and tokenizer beside the shards, with no
+`huggingface/`: read from there.
 
 Each shard is one rank's state dict. Its values are DTensors (FSDP2) whose placements say how
 to merge them, one per mesh dimension (Shard(d): concatenate along d in mesh order;
@@ -51,31 +53,30 @@ def shard_files(directory: Path) -> list[tuple[int, int, Path]]:
     return found
 
 
-def _is_actor(path: Path) -> bool:
-    return (
-        path.is_dir()
-        and (path / "huggingface" / "config.json").is_file()
-        and bool(shard_files(path))
-    )
+def config_folder(actor: Path) -> Path | None:
+    """Where an actor folder's config.json is: `huggingface/`, or (older veRL) the folder."""
+    return next((f for f in (actor / "huggingface", actor) if (f / "config.json").is_file()), None)
 
 
 def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint | None:
     for candidate in (path / location for location in LOCATIONS):
-        if _is_actor(candidate):
+        config = config_folder(candidate) if candidate.is_dir() else None
+        if config is not None and shard_files(candidate):
             note = (
                 f"{candidate} holds a LoRA run's shards: merged in memory as W + alpha/r B A "
                 f"from its {LORA_META}"
                 if (candidate / LORA_META).is_file()
                 else None
             )
-            return Checkpoint(KIND, candidate, candidate / "huggingface", note=note)
+            return Checkpoint(KIND, candidate, config, note=note)
     return None
 
 
 def files(checkpoint: Checkpoint) -> list[Path]:
     shards = [path for _, _, path in shard_files(checkpoint.path)]
     meta = [checkpoint.path / LORA_META] if (checkpoint.path / LORA_META).is_file() else []
-    return shards + meta + own_files(checkpoint.config_dir)
+    config = [p for p in own_files(checkpoint.config_dir) if p.suffix != ".pt"]  # not the shards
+    return shards + meta + config
 
 
 def shard_paths(actor_dir: Path) -> list[Path]:

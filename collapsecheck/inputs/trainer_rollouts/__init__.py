@@ -9,37 +9,66 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
-from collapsecheck.inputs.trainer_rollouts import trl_completions, verl_generations
+from collapsecheck.inputs.trainer_rollouts import (
+    skyrl_evals,
+    slime_debug_rollouts,
+    trl_completions,
+    verl_generations,
+)
 from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts
 
-READERS = (trl_completions, verl_generations)
+READERS = (trl_completions, verl_generations, slime_debug_rollouts, skyrl_evals)
 
-__all__ = ["READERS", "RolloutFile", "rollout_files", "rollouts_beside", "trainer_rollouts"]
+__all__ = [
+    "READERS",
+    "RolloutFile",
+    "rollout_files",
+    "rollouts_beside",
+    "trainer_reader",
+    "trainer_rollouts",
+]
+
+
+def trainer_reader(path: Path) -> ModuleType | None:
+    """The reader of the trainer that wrote this file or step folder, if one did."""
+    return next((r for r in READERS if r.matches(path)), None)
 
 
 def trainer_rollouts(path: Path) -> TrainerRollouts | None:
-    """The file's rows when a trainer wrote it, else None (a generic rollout file)."""
-    reader = next((r for r in READERS if r.matches(path)), None)
+    """The file's (or step folder's) rows when a trainer wrote it, else None (a generic
+    rollout file)."""
+    reader = trainer_reader(path)
     return None if reader is None else reader.read(path)
 
 
 @dataclass(frozen=True)
 class RolloutFile:
-    """One step's rollouts as the trainer wrote them."""
+    """One step's rollouts as the trainer wrote them (a file, or a step's folder), and the
+    step of the checkpoint whose weights sampled them (`policy_step`: the step before, for a
+    trainer that dumps step s's rollouts after update s)."""
 
     step: int
     path: Path
     trainer: str
+    policy_step: int
+
+    @classmethod
+    def of(cls, step: int, path: Path, trainer: str) -> RolloutFile:
+        """Rollouts of a trainer that samples step s with the weights of step s - 1."""
+        return cls(step, path, trainer, step - 1)
 
 
 def rollout_files(folder: Path) -> list[RolloutFile]:
-    """The trainer rollout files directly in `folder`, in step order (other files ignored)."""
+    """The trainer's training rollouts directly in `folder` (files, or a step's folder), in
+    step order; other files, and evaluation dumps (no training step), ignored."""
     found = []
     for path in sorted(folder.iterdir()):
-        reader = next((r for r in READERS if r.matches(path)), None)
-        if reader is not None:
-            found.append(RolloutFile(reader.step_of(path), path, reader.TRAINER))
+        reader = trainer_reader(path)
+        step = reader.step_of(path) if reader is not None else None
+        if step is not None:
+            found.append(RolloutFile(step, path, reader.TRAINER, reader.policy_step(path)))
     return sorted(found, key=lambda f: f.step)
 
 

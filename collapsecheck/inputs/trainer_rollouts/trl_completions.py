@@ -42,6 +42,11 @@ def step_of(path: Path) -> int:
     return int(NAME.fullmatch(path.name).group(1))
 
 
+def policy_step(path: Path) -> int:
+    """The checkpoint step that sampled the file's rollouts: the step before its update."""
+    return step_of(path) - 1
+
+
 def beside(run_dir: Path) -> Path | None:
     """The folder of completions TRL keeps in its output_dir, if the run has one."""
     folder = run_dir / FOLDER

@@ -40,6 +40,11 @@ def step_of(path: Path) -> int:
     return int(NAME.fullmatch(path.name).group(1))
 
 
+def policy_step(path: Path) -> int:
+    """The checkpoint step that sampled the file's rollouts: the step before its update."""
+    return step_of(path) - 1
+
+
 def beside(run_dir: Path) -> Path | None:
     """None: veRL keeps `rollout_data_dir` wherever the user set it (--rollouts DIR)."""
     return None

@@ -1,0 +1,148 @@
+"""slime with `--save-debug-rollout-data TEMPLATE` (or `--dump-details DIR`, which sets it to
+`DIR/rollout_data/{rollout_id}.pt`): one `torch.save` file per rollout, the template filled
+with the rollout id (`eval_{id}` for evaluation dumps), holding
+`{"rollout_id": id, "samples": [Sample.to_dict(), ...]}` (slime's
+`observability/rollout_data_utils.py`, `Sample` in `utils/types.py`; read at THUDM/slime
+624b824).
+
+What a sample holds: `tokens` (the prompt's ids, then the response's: the exact ids sampled,
+so nothing is tokenized again), `response_length`, `prompt` (the rendered text, or the
+messages), `response` (SGLang's text, special tokens and stop string kept), `status`
+(completed, truncated, aborted, failed), `reward` (a number, or the reward model's dict that
+slime's `--reward-key` picks from: here `--reward-field KEY`), `group_index` (the prompt's
+group; None in evaluation dumps, grouped by their prompt's ids then). The file is read as data
+(`inputs.safe_load`): a sample holding images (a vision run's `multimodal_inputs`) or any
+other object is refused, never unpickled by running code.
+
+Which weights sampled rollout r: slime's synchronous loop samples rollout r with the weights
+it saves as `iter_{r-1}` (then trains on it and saves `iter_r`); an evaluation dump `eval_r`
+reads the weights of `iter_r`. `train_async.py` samples one rollout ahead (`iter_{r-2}`): the
+pairing's gap says 1 then, not 0. Aborted and failed samples (slime trains on neither) are
+left out, counted in a note."""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.safe_load import load_torch
+from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require
+
+TRAINER = "slime"
+NAME = re.compile(r"(?P<prefix>[A-Za-z_.-]*?)(?P<eval>eval_)?(?P<id>\d+)\.pt")
+FOLDER = "rollout_data"  # --dump-details DIR writes DIR/rollout_data/{rollout_id}.pt
+FIELDS = ("prompt", "tokens", "response_length", "status")
+KEPT = ("completed", "truncated")  # aborted and failed samples are not trained on
+ROW_KEYS = {"prompt", "prompt_ids", "response_ids", "truncated", "group"}
+
+
+def matches(path: Path) -> bool:
+    return path.is_file() and NAME.fullmatch(path.name) is not None and zipfile.is_zipfile(path)
+
+
+def rollout_id(path: Path) -> int:
+    return int(NAME.fullmatch(path.name).group("id"))
+
+
+def is_evaluation(path: Path) -> bool:
+    return NAME.fullmatch(path.name).group("eval") is not None
+
+
+def step_of(path: Path) -> int | None:
+    """The rollout id of a training dump; None for an evaluation dump (no training step)."""
+    return None if is_evaluation(path) else rollout_id(path)
+
+
+def policy_step(path: Path) -> int:
+    """The `iter_N` whose weights sampled the file (module docstring)."""
+    return rollout_id(path) if is_evaluation(path) else rollout_id(path) - 1
+
+
+def beside(run_dir: Path) -> Path | None:
+    """`rollout_data/` of `--dump-details DIR`, when the run directory is that DIR."""
+    folder = run_dir / FOLDER
+    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+
+
+def samples_of(path: Path) -> list[Any]:
+    data = load_torch(path)
+    if not (isinstance(data, dict) and isinstance(data.get("samples"), list)):
+        raise CollapsecheckError(
+            f"{path}: not a slime rollout dump (no 'samples' list; slime writes "
+            "{'rollout_id': ..., 'samples': [...]})"
+        )
+    return data["samples"]
+
+
+def reward_fields(reward: Any, where: str) -> dict[str, Any]:
+    """A number as `reward`; a reward model's dict as its own fields (`--reward-field KEY`
+    picks one, as slime's --reward-key does); None as no reward."""
+    if reward is None:
+        return {}
+    if isinstance(reward, dict):
+        return {str(k): v for k, v in reward.items() if isinstance(v, int | float)}
+    return {"reward": number(reward, where, "reward")}
+
+
+def reward_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Which of a reward dict's keys is read: `score` (the default reward field) unless
+    --reward-field names another."""
+    keys = sorted({k for row in rows if "reward" not in row for k in row if k not in ROW_KEYS})
+    if not keys:
+        return []
+    read = "'score' is read" if "score" in keys else "none is read"
+    return [
+        f"the reward is a dict ({', '.join(keys)}): {read} unless --reward-field KEY names one "
+        "(slime's --reward-key)"
+    ]
+
+
+def sample_row(sample: Any, where: str) -> dict[str, Any]:
+    if not isinstance(sample, dict):
+        raise CollapsecheckError(f"{where}: a sample is not a record")
+    require(sample, FIELDS, where)
+    tokens, length = sample["tokens"], sample["response_length"]
+    if not (isinstance(length, int) and 0 < length < len(tokens)):
+        raise CollapsecheckError(
+            f"{where}: response_length {length!r} does not split its {len(tokens)} tokens into "
+            "a prompt and a response"
+        )
+    prompt_ids = list(tokens[: len(tokens) - length])
+    group = sample.get("group_index")
+    return {
+        "prompt": sample["prompt"],
+        "prompt_ids": prompt_ids,
+        "response_ids": list(tokens[len(tokens) - length :]),
+        "truncated": sample["status"] == "truncated",
+        "group": json.dumps(prompt_ids if group is None else group),
+        **reward_fields(sample.get("reward"), where),
+    }
+
+
+def read(path: Path) -> TrainerRollouts:
+    rows, left_out = [], Counter()
+    for index, sample in enumerate(samples_of(path), start=1):
+        where = f"{path}, sample {index}"
+        status = sample.get("status") if isinstance(sample, dict) else None
+        if status not in KEPT and status is not None:
+            left_out[str(status)] += 1
+            continue
+        rows.append((where, sample_row(sample, where), index))
+    if not rows:
+        raise CollapsecheckError(f"{path}: no completed or truncated samples")
+    kind = "evaluation" if is_evaluation(path) else "rollout"
+    notes = [
+        f"slime {kind} {rollout_id(path)}: {len(rows)} samples, scored as the token ids slime "
+        f"sampled (prompt and response), sampled by the weights of iter_{policy_step(path)}"
+    ]
+    if left_out:
+        counted = ", ".join(f"{n} {status}" for status, n in sorted(left_out.items()))
+        notes.append(f"left out {counted} sample(s): slime does not train on them")
+    notes += reward_notes(sample for _, sample, _ in rows)
+    return TrainerRollouts(TRAINER, step_of(path), rows, notes)

@@ -1,0 +1,184 @@
+"""Write the rollout dumps of trainers that do not install here, for
+tests/fixtures/trainer-dumps/ (`make trainer-dumps`): each file is what that trainer's own
+writer makes of one batch, following its source line by line (file and commit named at each
+writer; docs/formats.md says what each holds).
+
+The batch is real: the gridworld prompts rendered with the demo policy's chat template
+(examples/demo-run/global_step_100), K responses each sampled from that policy, scored with
+the gridworld reward. Every trainer's dump holds the same sampled ids, written its own way,
+so a test can score each and check it against a plain forward pass of the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples" / "rewards"))
+from gridworld import compute_score  # noqa: E402
+
+from collapsecheck.engines.backends.base import SamplingParams, no_progress  # noqa: E402
+from collapsecheck.engines.backends.registry import load_backend  # noqa: E402
+from collapsecheck.inputs.checkpoint import require_checkpoint  # noqa: E402
+from collapsecheck.inputs.prompts import load_prompts, render_prompts  # noqa: E402
+from collapsecheck.settings import LoadSettings, PromptSettings  # noqa: E402
+
+POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
+PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
+OUT = ROOT / "tests" / "fixtures" / "trainer-dumps"
+N, K, NEW_TOKENS, SEED = 6, 4, 48, 7
+
+
+@dataclass
+class Response:
+    ids: list[int]  # as sampled, the stop token included when it stopped
+    text: str  # decoded with special tokens kept
+    stopped: bool
+    reward: float
+
+
+@dataclass
+class Group:
+    messages: list[dict]
+    text: str  # the prompt rendered by the chat template
+    ids: list[int]
+    ground_truth: str
+    responses: list[Response]
+
+
+def sample_batch() -> tuple[list[Group], object]:
+    backend = load_backend(require_checkpoint(POLICY), LoadSettings(device="cpu"))
+    prompts = load_prompts(PROMPTS, num_prompts=N)
+    rendered = render_prompts(prompts, backend.tokenizer, PromptSettings())
+    params = SamplingParams(k=K, max_new_tokens=NEW_TOKENS, seed=SEED)
+    drawn = backend.generate([r.ids for r in rendered], params, no_progress)
+    stop = backend.stop_ids[0]
+    groups = []
+    for prompt, render, samples in zip(prompts, rendered, drawn, strict=True):
+        responses = []
+        for sample in samples:
+            ids = list(sample.ids) + ([] if sample.truncated else [stop])
+            text = backend.tokenizer.decode(ids, skip_special_tokens=False)
+            truth = prompt.row["ground_truth"]
+            responses.append(
+                Response(ids, text, not sample.truncated, compute_score("grid", text, truth))
+            )
+        groups.append(
+            Group(
+                prompt.content, render.text, list(render.ids), prompt.row["ground_truth"], responses
+            )
+        )
+    return groups, backend.tokenizer
+
+
+# -- slime: THUDM/slime 624b824, slime/observability/rollout_data_utils.py
+#    save_debug_rollout_data, Sample.to_dict in slime/utils/types.py --------------------------
+
+
+def slime_sample(group: Group, group_index: int, index: int, response: Response, reward) -> dict:
+    """`Sample.to_dict()`: the dataclass's __dict__, status as its value, spec_info and
+    prefix_cache_info as dicts (the defaults of fields a text rollout leaves unset)."""
+    return {
+        "group_index": group_index, "index": index, "rollout_id": None,
+        "prompt": group.text,  # --apply-chat-template: the rendered text
+        "tokens": group.ids + response.ids, "multimodal_inputs": None,
+        "multimodal_train_inputs": None, "multimodal_train_input_id": None,
+        "apply_chat_template_kwargs": {}, "response": response.text,
+        "response_length": len(response.ids), "label": group.ground_truth, "reward": reward,
+        "loss_mask": [1] * len(response.ids), "weight_versions": ["1"],
+        "rollout_log_probs": [0.0] * len(response.ids), "rollout_top_p_token_ids": None,
+        "rollout_top_p_token_offsets": None, "rollout_routed_experts": None,
+        "remove_sample": False, "teacher_log_probs": None,
+        "status": "completed" if response.stopped else "truncated",
+        "metadata": {}, "generate_function_path": None, "custom_rm_path": None,
+        "train_metadata": None, "session_id": f"session-{group_index}-{index}",
+        "non_generation_time": 0.0,
+        "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0,
+                      "spec_verify_ct": 0, "completion_token_num": 0},
+        "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
+    }  # fmt: skip
+
+
+def write_slime(groups: list[Group], folder: Path) -> None:
+    """`--dump-details DIR` -> DIR/rollout_data/{rollout_id}.pt: rollout 3 (a number reward),
+    the evaluation after it (`eval_3`), and rollout 4 with the dapo reward model's dict
+    ({score, acc, pred}) and one aborted sample."""
+    out = folder / "rollout_data"
+    out.mkdir(parents=True)
+
+    def samples(dict_reward: bool) -> list[dict]:
+        rows = []
+        for g, group in enumerate(groups):
+            for r, response in enumerate(group.responses):
+                reward = response.reward
+                if dict_reward:
+                    reward = {"score": 2 * reward - 1, "acc": reward > 0, "pred": "up"}
+                rows.append(slime_sample(group, g, g * K + r, response, reward))
+        return rows
+
+    torch.save({"rollout_id": 3, "samples": samples(False)}, out / "3.pt")
+    evaluation = samples(False)
+    for sample in evaluation:
+        sample["group_index"] = None  # evaluation samples carry none
+    torch.save({"rollout_id": 3, "samples": evaluation}, out / "eval_3.pt")
+    dapo = samples(True)
+    dapo[1]["status"] = "aborted"
+    torch.save({"rollout_id": 4, "samples": dapo}, out / "4.pt")
+
+
+# -- SkyRL: NovaSky-AI/SkyRL a956457, skyrl/train/utils/trainer_utils.py
+#    dump_per_dataset_eval_results, called by skyrl/train/evaluate.py::evaluate ---------------
+
+
+def write_skyrl_evals(groups: list[Group], tokenizer, folder: Path) -> None:
+    """`{export_path}/dumped_evals/global_step_2_evals/`: one file per data source (the
+    source's '/' made '_'), a line per sample, a prompt's samples consecutive; the agent loop's
+    per-token score list for the second source; the metrics in aggregated_results.jsonl."""
+    out = folder / "dumped_evals" / "global_step_2_evals"
+    out.mkdir(parents=True)
+    sources = {"gridworld/near": groups[:3], "gridworld/far": groups[3:]}
+    for source, members in sources.items():
+        lines = []
+        for group in members:
+            for response in group.responses:
+                per_token = [0.0] * (len(response.ids) - 1) + [response.reward]
+                entry = {
+                    "input_prompt": tokenizer.decode(group.ids),
+                    "output_response": tokenizer.decode(response.ids),
+                    "score": per_token if source.endswith("far") else response.reward,
+                    "stop_reason": "stop" if response.stopped else "length",
+                    "env_class": "gridworld",
+                    "env_extras": {
+                        "data_source": source,
+                        "reward_spec": {"ground_truth": group.ground_truth},
+                    },
+                    "data_source": source,
+                }
+                lines.append(json.dumps(entry, ensure_ascii=False) + "\n")
+        (out / f"{source.replace('/', '_')}.jsonl").write_text("".join(lines), encoding="utf-8")
+    mean = sum(r.reward for g in groups for r in g.responses) / sum(
+        len(g.responses) for g in groups
+    )
+    (out / "aggregated_results.jsonl").write_text(json.dumps({"eval/all/avg_score": mean}) + "\n")
+
+
+def main() -> None:
+    groups, tokenizer = sample_batch()
+    shutil.rmtree(OUT, ignore_errors=True)
+    write_slime(groups, OUT / "slime")
+    write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
+    (OUT / "batch.json").write_text(json.dumps(
+        [{"ids": g.ids, "responses": [r.ids for r in g.responses]} for g in groups]
+    ))  # fmt: skip
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The rollout dumps of trainers that do not install here, each written as its own code writes
+it (scripts/make_trainer_dumps.py, which names the source file and commit it follows), read by
+`score` and checked against a plain forward pass of the same token ids: one batch sampled from
+the demo policy, written the way each trainer writes it."""
+
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.safe_load import load_pickle, load_torch
+from collapsecheck.inputs.trainer_rollouts import rollout_files, trainer_rollouts
+from tests.conftest import HEALTHY, ROOT
+
+DUMPS = ROOT / "tests" / "fixtures" / "trainer-dumps"
+BATCH = json.loads((DUMPS / "batch.json").read_text())
+SLIME = DUMPS / "slime" / "rollout_data"
+
+
+def score(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "collapsecheck", "score", *map(str, args), "--fail-on", "none"],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(HEALTHY, dtype=torch.float32).eval()
+
+
+def plain_logprob(model, context: list[int], continuation: list[int]) -> float:
+    ids = torch.tensor([context + continuation])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+    picked = logprobs[torch.arange(ids.shape[1] - 1), ids[0, 1:]]
+    return float(picked[len(context) - 1 :].sum())
+
+
+def check_against_plain_forward(dump, model, cells=((0, 0), (3, 1), (-1, 2))):
+    """Entries of the dump's matrix equal a plain forward pass of the trace's reasoning under
+    that column's prompt ids (1e-4 nats)."""
+    prompts = [json.loads(line)["ids"] for line in (dump / "prompts.jsonl").open()]
+    traces = [json.loads(line) for line in (dump / "traces.jsonl").open()]
+    with np.load(dump / "cross_logprobs.npz") as npz:
+        matrix, rows = npz["sum"], npz["row_trace_index"]
+    for r, j in cells:
+        trace = traces[rows[r]]
+        expected = plain_logprob(model, prompts[j] + trace["prefix_ids"], trace["reasoning_ids"])
+        assert abs(matrix[r, j] - expected) < 1e-4, (r, j, matrix[r, j], expected)
+    return prompts, traces
+
+
+def sampled_exactly(prompts, traces):
+    """The dump scored the ids the batch sampled: its prompts' ids and each response's ids
+    (the stop token dropped, as sampling drops it)."""
+    assert prompts == [group["ids"] for group in BATCH]
+    for trace in traces:
+        sampled = BATCH[trace["prompt_index"]]["responses"][trace["sample_index"]]
+        assert trace["response_ids"] == sampled[: len(trace["response_ids"])]
+        assert len(sampled) - len(trace["response_ids"]) in (0, 1)
+
+
+# -- slime -----------------------------------------------------------------------------------
+
+
+def test_slimes_rollout_dump_is_scored_as_the_ids_it_sampled(tmp_path, model):
+    result = score(SLIME / "3.pt", "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "slime rollout 3: 24 samples" in said and "weights of iter_2" in said
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["counts"]["prompts"] == len(BATCH)
+    assert report["settings"]["trainer_rollouts"]["step"] == 3
+    assert report["snr"]["rewards"] == "rollouts, per response"
+    sampled_exactly(*check_against_plain_forward(tmp_path, model))
+
+
+def test_slimes_dict_reward_aborted_samples_and_evaluation_dump():
+    read = trainer_rollouts(SLIME / "4.pt")
+    assert read.trainer == "slime" and read.step == 4 and len(read.rows) == len(BATCH) * 4 - 1
+    assert "left out 1 aborted sample(s)" in " ".join(read.notes)
+    assert "'score' is read unless --reward-field KEY" in " ".join(read.notes)
+    assert {r["score"] for _, r, _ in read.rows} <= {-1.0, 1.0}
+    evaluation = trainer_rollouts(SLIME / "eval_3.pt")
+    assert evaluation.step is None and "weights of iter_3" in evaluation.notes[0]
+    groups = {r["group"] for _, r, _ in evaluation.rows}
+    assert len(groups) == len(BATCH)  # grouped by the prompt's ids: no group_index in evals
+
+
+def test_a_slime_folder_lists_training_rollouts_paired_with_the_iteration_before():
+    files = rollout_files(SLIME)
+    assert [(f.step, f.policy_step, f.trainer) for f in files] == [(3, 2, "slime"), (4, 3, "slime")]
+
+
+# -- reading dumps as data, never as code ----------------------------------------------------
+
+
+class RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (subprocess.call, (["touch", str(self.marker)],))
+
+
+def test_a_dump_that_would_run_a_command_is_refused_and_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    pickled, saved = tmp_path / "global_step_1_training_input.pkl", tmp_path / "rollout_data"
+    pickled.write_bytes(pickle.dumps({"samples": [RunsACommand(marker)]}))
+    saved.mkdir()
+    torch.save({"rollout_id": 1, "samples": [RunsACommand(marker)]}, saved / "1.pt")
+    with pytest.raises(CollapsecheckError, match=r"needs subprocess\.call to be read"):
+        load_pickle(pickled)
+    with pytest.raises(CollapsecheckError, match=r"needs \w+\.call to be read"):
+        load_torch(saved / "1.pt")  # named as torch's pickler wrote it
+    result = score(saved / "1.pt", "-c", HEALTHY)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{saved / '1.pt'}: the file needs " in " ".join(result.stderr.split())
+    assert not marker.exists()
+
+
+# -- SkyRL -----------------------------------------------------------------------------------
+
+SKYRL_EVALS = DUMPS / "skyrl" / "dumped_evals"
+
+
+def test_skyrls_evaluation_step_folder_is_scored_as_the_context_it_decoded(tmp_path, model):
+    step = SKYRL_EVALS / "global_step_2_evals"
+    result = score(step, "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "SkyRL evaluation of step 2 (gridworld_far, gridworld_near): 24 samples" in said
+    # the far source's per-token score lists sum to the sample's reward
+    table = [json.loads(line) for line in (tmp_path / "per_prompt.jsonl").open()]
+    rewards = [row["reward_mean"] for row in table]
+    assert all(0.0 <= reward <= 1.0 for reward in rewards) and max(rewards) > 0
+    prompts, traces = check_against_plain_forward(tmp_path, model)
+    # sorted by file name: far (the last three prompts) before near
+    order = [3, 4, 5, 0, 1, 2]
+    assert prompts == [BATCH[i]["ids"] for i in order]
+    for trace in traces:
+        sampled = BATCH[order[trace["prompt_index"]]]["responses"][trace["sample_index"]]
+        assert trace["response_ids"] == sampled[: len(trace["response_ids"])]
+
+
+def test_skyrls_evaluations_pair_with_the_checkpoint_of_their_own_step():
+    (found,) = rollout_files(SKYRL_EVALS)
+    assert (found.step, found.policy_step, found.trainer) == (2, 2, "skyrl")
+    one = trainer_rollouts(SKYRL_EVALS / "global_step_2_evals" / "gridworld_near.jsonl")
+    assert len(one.rows) == 12 and all(r["rendered"] for _, r, _ in one.rows)

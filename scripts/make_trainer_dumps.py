@@ -169,11 +169,48 @@ def write_skyrl_evals(groups: list[Group], tokenizer, folder: Path) -> None:
     (out / "aggregated_results.jsonl").write_text(json.dumps({"eval/all/avg_score": mean}) + "\n")
 
 
+# -- RAGEN: mll-lab-nu/RAGEN 20daedc, ragen/llm_agent/agent_proxy.py _save_as_jsonl -----------
+
+
+def write_ragen(groups: list[Group], tokenizer, folder: Path) -> None:
+    """`results/eval/val_rollouts_{timestamp}.jsonl` (output.format=jsonl): a line per
+    trajectory, two per group (the group's environments), two turns each: the state as a user
+    message ("(reward: r)" after the first), the raw response as the assistant's."""
+    folder.mkdir(parents=True)
+    lines = []
+    for g, group in enumerate(groups):
+        for j in range(2):
+            first, second = group.responses[2 * j], group.responses[2 * j + 1]
+            after = groups[(g + 1) % len(groups)].messages[-1]["content"]
+            messages = [
+                {"role": "user", "content": group.messages[-1]["content"]},
+                {"role": "assistant", "content": response_text(first, tokenizer)},
+                {"role": "user", "content": f"{after} (reward: {first.reward})"},
+                {"role": "assistant", "content": response_text(second, tokenizer)},
+                {"role": "user", "content": group.messages[-1]["content"]},
+            ]
+            metadata = {
+                "env_id": 2 * g + j, "group_id": g, "num_turns": 2,
+                "total_reward": first.reward + second.reward, "success": False,
+                "GridWorld/success": float(second.reward > 0), "GridWorld/num_actions": 2,
+            }  # fmt: skip
+            row = {"custom_id": f"traj_{2 * g + j}", "messages": messages, "metadata": metadata}
+            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+    (folder / "val_rollouts_20261125_101500.jsonl").write_text("".join(lines), encoding="utf-8")
+
+
+def response_text(response: Response, tokenizer) -> str:
+    """The generation decoded without special tokens (the stop token is not in RAGEN's text)."""
+    return tokenizer.decode(response.ids, skip_special_tokens=True)
+
+
 def main() -> None:
     groups, tokenizer = sample_batch()
-    shutil.rmtree(OUT, ignore_errors=True)
+    for written in ("slime", "skyrl/dumped_evals", "ragen"):  # SkyRL's pickles: make_skyrl_batches
+        shutil.rmtree(OUT / written, ignore_errors=True)
     write_slime(groups, OUT / "slime")
     write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
+    write_ragen(groups, tokenizer, OUT / "ragen")
     (OUT / "batch.json").write_text(json.dumps(
         [{"ids": g.ids, "responses": [r.ids for r in g.responses]} for g in groups]
     ))  # fmt: skip

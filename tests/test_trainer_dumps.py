@@ -44,17 +44,23 @@ def plain_logprob(model, context: list[int], continuation: list[int]) -> float:
     return float(picked[len(context) - 1 :].sum())
 
 
-def check_against_plain_forward(dump, model, cells=((0, 0), (3, 1), (-1, 2))):
-    """Entries of the dump's matrix equal a plain forward pass of the trace's reasoning under
-    that column's prompt ids (1e-4 nats)."""
+def check_against_plain_forward(dump, model, rows_checked=(0, 3, -1)):
+    """For a few rows, the entries of the dump's matrix under the trace's own prompt and under
+    another scored one equal a plain forward pass of the trace's reasoning under that
+    column's prompt ids (1e-4 nats)."""
     prompts = [json.loads(line)["ids"] for line in (dump / "prompts.jsonl").open()]
     traces = [json.loads(line) for line in (dump / "traces.jsonl").open()]
     with np.load(dump / "cross_logprobs.npz") as npz:
         matrix, rows = npz["sum"], npz["row_trace_index"]
-    for r, j in cells:
+    for r in rows_checked:
         trace = traces[rows[r]]
-        expected = plain_logprob(model, prompts[j] + trace["prefix_ids"], trace["reasoning_ids"])
-        assert abs(matrix[r, j] - expected) < 1e-4, (r, j, matrix[r, j], expected)
+        own = trace["prompt_index"]
+        other = next(j for j in range(len(prompts)) if j != own and np.isfinite(matrix[r, j]))
+        for j in (own, other):
+            expected = plain_logprob(
+                model, prompts[j] + trace["prefix_ids"], trace["reasoning_ids"]
+            )
+            assert abs(matrix[r, j] - expected) < 1e-4, (r, j, matrix[r, j], expected)
     return prompts, traces
 
 
@@ -156,3 +162,59 @@ def test_skyrls_evaluations_pair_with_the_checkpoint_of_their_own_step():
     assert (found.step, found.policy_step, found.trainer) == (2, 2, "skyrl")
     one = trainer_rollouts(SKYRL_EVALS / "global_step_2_evals" / "gridworld_near.jsonl")
     assert len(one.rows) == 12 and all(r["rendered"] for _, r, _ in one.rows)
+
+
+# -- RAGEN -----------------------------------------------------------------------------------
+
+RAGEN = DUMPS / "ragen" / "val_rollouts_20261125_101500.jsonl"
+
+
+def test_ragens_trajectories_are_scored_turn_by_turn_in_their_saved_context(tmp_path, model):
+    from transformers import AutoTokenizer
+
+    result = score(RAGEN, "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "RAGEN trajectories: 12 trajectories, 24 turns" in said
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["settings"]["multi_turn"]["pairs"] == 24
+    assert report["snr"]["rewards"] == "rollouts, per trajectory"
+    prompts, _ = check_against_plain_forward(tmp_path, model)
+    tokenizer = AutoTokenizer.from_pretrained(HEALTHY)
+    rows = [json.loads(line) for line in RAGEN.open()]
+
+    def rendered(messages):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    contexts = {rendered(row["messages"][:i]) for row in rows for i in (1, 3)}
+    assert {tuple(p) for p in prompts} == contexts  # each turn in the conversation before it
+
+
+def test_ragens_pickled_dataproto_is_refused_naming_the_converter(tmp_path):
+    pickled = tmp_path / "val_rollouts.pkl"
+    pickled.write_bytes(pickle.dumps({"batch": None}))
+    result = score(pickled, "-c", HEALTHY)
+    assert result.returncode == 2 and "scripts/convert_to_jsonl.py" in result.stderr
+
+
+SKYRL_BATCHES = DUMPS / "skyrl" / "dumped_data"
+
+
+@pytest.mark.parametrize("step", [2, 3])  # skyrl-train 0.3.1's pickle, and skyrl 0.4.0's
+def test_skyrls_training_batch_pickle_is_read_as_data_and_scored_as_its_ids(tmp_path, model, step):
+    """Written by SkyRL's own TrainingInputBatch.save (scripts/make_skyrl_batches.py); step 3
+    is padded with two rows, which are left out."""
+    path = SKYRL_BATCHES / f"global_step_{step}_training_input.pkl"
+    result = score(path, "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert f"SkyRL training batch of step {step}: 24 responses" in said
+    sampled_exactly(*check_against_plain_forward(tmp_path, model))
+    slime = tmp_path / "slime"
+    assert score(SLIME / "3.pt", "-c", HEALTHY, "--dump", slime).returncode == 0
+    with (
+        np.load(tmp_path / "cross_logprobs.npz") as ours,
+        np.load(slime / "cross_logprobs.npz") as theirs,
+    ):
+        assert np.array_equal(ours["sum"], theirs["sum"], equal_nan=True)  # the same ids, two ways

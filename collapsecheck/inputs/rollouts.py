@@ -116,7 +116,9 @@ def _turn(
     """One response with its context and the number of the file's row it came from (so
     --keep-prompts can write that row back); its reward is the row's own, else `reward` (a
     trajectory's, for each of its turns)."""
-    prompt = Prompt(prompt_from_row(row, options.prompt_field, where, base), where, number=number)
+    ids_only = "prompt_ids" in row and "prompt" not in row  # its text: the ids decoded, later
+    content = "" if ids_only else prompt_from_row(row, options.prompt_field, where, base)
+    prompt = Prompt(content, where, number=number)
     ids_field = options.response_ids_field or ("response_ids" if "response_ids" in row else None)
     if ids_field:
         response: Any = token_ids(_field(row, ids_field, (), where), where, ids_field)
@@ -302,8 +304,13 @@ def read_rollouts(
         hold_images(saved.rendered, vision, str(path))
         return saved
     parsed = parsed or _parse_file(Path(path), options)
-    prompts = [group[0].prompt for group in parsed.groups]
     rendered = _rendered(parsed.groups, tokenizer, rendering or PromptSettings(), vision)
+    prompts = [
+        group[0].prompt
+        if group[0].prompt.content
+        else dataclasses.replace(group[0].prompt, content=r.text)
+        for group, r in zip(parsed.groups, rendered, strict=True)
+    ]
     samples = [[_sample(turn, tokenizer, stop_ids) for turn in group] for group in parsed.groups]
     return SampledPrompts(prompts, rendered, samples, parsed.settings, parsed.rewards)
 

@@ -12,14 +12,23 @@ from pathlib import Path
 from types import ModuleType
 
 from collapsecheck.inputs.trainer_rollouts import (
+    ragen_trajectories,
     skyrl_evals,
+    skyrl_training_batch,
     slime_debug_rollouts,
     trl_completions,
     verl_generations,
 )
 from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts
 
-READERS = (trl_completions, verl_generations, slime_debug_rollouts, skyrl_evals)
+READERS = (
+    trl_completions,
+    verl_generations,
+    slime_debug_rollouts,
+    skyrl_evals,
+    skyrl_training_batch,
+    ragen_trajectories,
+)
 
 __all__ = [
     "READERS",

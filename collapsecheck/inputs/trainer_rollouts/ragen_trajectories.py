@@ -1,0 +1,109 @@
+"""RAGEN's trajectory files (mll-lab-nu/RAGEN 20daedc, `ragen/llm_agent/agent_proxy.py`
+`_save_as_jsonl`, run as `python -m ragen.llm_agent.agent_proxy` with `output.format=jsonl`,
+or its pickle converted by `scripts/convert_to_jsonl.py`): one line per trajectory,
+`{"custom_id", "messages", "metadata"}`. The messages alternate the environment's state (a
+user message, "(reward: r)" appended after the first) and the policy's response (an assistant
+message, `<think>...</think><answer>...</answer>`); `metadata` holds `env_id`, `group_id`,
+`num_turns` and `total_reward` (the environment's rewards and format penalties summed).
+
+Read as multi-turn rollouts (SPEC "Multi-turn"): each assistant message is one turn, its
+context every message before it, rendered with the checkpoint's chat template; its reward the
+trajectory's total. RAGEN's own training context is built differently (a system instruction
+and each state as "Turn k: State: ..."), and the file keeps only the states: a note says the
+context is the conversation as saved, not the exact prompt the policy saw. The default
+`val_rollouts.pkl` is a pickled veRL DataProto: refused, naming the converter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.prompts import jsonl_rows
+from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require
+
+TRAINER = "ragen"
+FIELDS = ("messages", "metadata")
+PICKLE_PREFIX = "val_rollouts"
+
+
+def first_row(path: Path) -> Any:
+    with path.open(encoding="utf-8") as stream:
+        try:
+            return json.loads(stream.readline())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+
+def is_pickled_dataproto(path: Path) -> bool:
+    return path.suffix == ".pkl" and path.name.startswith(PICKLE_PREFIX)
+
+
+def matches(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    if is_pickled_dataproto(path):
+        return True
+    row = first_row(path) if path.suffix == ".jsonl" else None
+    return (
+        isinstance(row, dict)
+        and all(f in row for f in FIELDS)
+        and isinstance(row["metadata"], dict)
+        and "total_reward" in row["metadata"]
+    )
+
+
+def step_of(path: Path) -> None:
+    """None: RAGEN writes these at evaluation, named by time, not by a training step."""
+    return None
+
+
+def policy_step(path: Path) -> None:
+    return None
+
+
+def beside(run_dir: Path) -> None:
+    """None: RAGEN writes evaluation trajectories where `output.dir` says."""
+    return None
+
+
+def turns(messages: Any, where: str) -> list[dict[str, Any]]:
+    """Each assistant message with every message before it as its context."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise CollapsecheckError(f"{where}: field 'messages' is not a list of messages")
+    found = []
+    for index, message in enumerate(messages):
+        if message.get("role") == "assistant" and index > 0:
+            found.append({"messages": messages[:index], "response": message.get("content")})
+    if not found:
+        raise CollapsecheckError(f"{where}: the trajectory has no assistant turn")
+    return found
+
+
+def read(path: Path) -> TrainerRollouts:
+    if is_pickled_dataproto(path):
+        raise CollapsecheckError(
+            f"{path}: RAGEN's pickled DataProto is not read (it is veRL's class, and a pickle "
+            "can run code); write JSONL with output.format=jsonl, or convert it with RAGEN's "
+            "scripts/convert_to_jsonl.py --input FILE.pkl"
+        )
+    rows = []
+    for where, row, line in jsonl_rows(path, path.read_text(encoding="utf-8").splitlines()):
+        require(row, FIELDS, where)
+        metadata = row["metadata"]
+        require(metadata, ("total_reward",), f"{where} (metadata)")
+        rows.append((where, {
+            "turns": turns(row["messages"], where),
+            "reward": number(metadata["total_reward"], where, "metadata.total_reward"),
+            "group": metadata.get("group_id"),
+        }, line))  # fmt: skip
+    if not rows:
+        raise CollapsecheckError(f"{path}: no trajectories (the file is empty)")
+    count = sum(len(r["turns"]) for _, r, _ in rows)
+    notes = [
+        f"RAGEN trajectories: {len(rows)} trajectories, {count} turns, each turn's context the "
+        "conversation before it as saved (the states, rendered by the chat template), not "
+        "RAGEN's own 'Turn k: State:' prompt; reward: the trajectory's total_reward"
+    ]
+    return TrainerRollouts(TRAINER, None, rows, notes)

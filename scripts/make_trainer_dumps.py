@@ -204,13 +204,98 @@ def response_text(response: Response, tokenizer) -> str:
     return tokenizer.decode(response.ids, skip_special_tokens=True)
 
 
+# -- prime-rl: PrimeIntellect-ai/prime-rl 559b447, src/prime_rl/monitors/file.py
+#    FileMonitor.log_episodes; the record is verifiers a60a606 v1 Episode.to_record()
+#    (model_dump(mode="json", exclude_none=True)) ------------------------------------------
+
+
+def message_nodes(group: Group, response: Response, tokenizer) -> list[dict]:
+    """The trace's graph, one branch: each prompt message's own tokens (the rendering of the
+    messages so far, less the rendering before), then the assistant's node: the generation
+    prompt's scaffold (mask 0) and the sampled tokens (mask 1)."""
+
+    def rendered(messages, generation):
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation, tokenize=False
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    nodes, before = [], []
+    for i, message in enumerate(group.messages):
+        ids = rendered(group.messages[: i + 1], False)
+        node = {"message": message, "sampled": False, "timestamp": 1764064800.0 + i,
+                "token_ids": ids[len(before):], "mask": [False] * (len(ids) - len(before)),
+                "is_content": True}  # fmt: skip
+        nodes.append(node | ({"parent": i - 1} if i else {}))
+        before = ids
+    scaffold = rendered(group.messages, True)[len(before) :]
+    assert before + scaffold == group.ids
+    nodes.append({
+        "parent": len(nodes) - 1,
+        "message": {"role": "assistant", "content": response_text(response, tokenizer)},
+        "sampled": True, "timestamp": 1764064810.0,
+        "token_ids": scaffold + response.ids,
+        "mask": [False] * len(scaffold) + [True] * len(response.ids),
+        "is_content": True, "logprobs": [-0.5] * len(response.ids),
+    })  # fmt: skip
+    return nodes
+
+
+def prime_episode(group: Group, g: int, r: int, response: Response, tokenizer, policy) -> dict:
+    data = {"idx": g, "prompt": group.messages, "answer": group.ground_truth}
+    task = {"type": "gridworld", "data": data, "key": f"gridworld/{g}", "hash": f"{g:016x}"}
+    trace = {
+        "version": 1, "id": f"{g:04x}{r:04x}" * 4, "verifiers": {"version": "0.4.1"},
+        "task": task, "agent": {"config": {}, "name": "policy", "trainable": True},
+        "tools": [], "nodes": message_nodes(group, response, tokenizer),
+        "calls": [{"node": len(group.messages), "model": "policy",
+                   "finish_reason": "stop" if response.stopped else "length"}],
+        "rewards": {"correct": {"score": response.reward, "weight": 1.0},
+                    "format": {"score": None, "weight": 0.2}},
+        "metrics": {}, "info": {}, "is_completed": True, "ok": True, "errors": [],
+        "timing": {"start": 0.0, "agent": 1.0, "scoring": 0.1},
+    }  # fmt: skip
+    return {
+        "id": f"e{g:03d}{r:03d}", "env": {"id": "gridworld", "name": "gridworld"}, "task": task,
+        "group": {"id": f"group-{g:02d}"},
+        "run": {"type": "train", "id": "run-1", "name": "grid",
+                "work": {"type": "train", "step": 5, "policy": policy}},
+        "ok": True, "errors": [], "traces": [trace],
+    }  # fmt: skip
+
+
+def write_prime_rl(groups: list[Group], tokenizer, folder: Path) -> None:
+    """`rollouts/step_5/train/{all,effective}/traces.jsonl`: every episode in `all` in the
+    order it completed (groups interleaved), one errored episode more; the shipped ones in
+    `effective`. Sampled under v3, one episode spanning v3 to v4."""
+    episodes = []
+    for g, group in enumerate(groups):
+        for r, response in enumerate(group.responses):
+            policy = {"start": 3, "end": 4 if (g, r) == (2, 1) else 3}
+            episodes.append(prime_episode(group, g, r, response, tokenizer, policy))
+    completed = sorted(episodes, key=lambda e: (e["id"][-1], e["id"]))  # interleaved groups
+    errored = dict(completed[0], id="e999999", ok=False, traces=[],
+                   errors=[{"type": "TimeoutError", "message": "sandbox timed out"}])  # fmt: skip
+    step = folder / "rollouts" / "step_5" / "train"
+    for subset, written in (("all", [*completed, errored]), ("effective", episodes)):
+        (step / subset).mkdir(parents=True)
+        text = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in written)
+        (step / subset / "traces.jsonl").write_text(text, encoding="utf-8")
+
+
 def main() -> None:
     groups, tokenizer = sample_batch()
-    for written in ("slime", "skyrl/dumped_evals", "ragen"):  # SkyRL's pickles: make_skyrl_batches
+    for written in (
+        "slime",
+        "skyrl/dumped_evals",
+        "ragen",
+        "prime-rl",
+    ):  # SkyRL's pickles: make_skyrl_batches
         shutil.rmtree(OUT / written, ignore_errors=True)
     write_slime(groups, OUT / "slime")
     write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
     write_ragen(groups, tokenizer, OUT / "ragen")
+    write_prime_rl(groups, tokenizer, OUT / "prime-rl")
     (OUT / "batch.json").write_text(json.dumps(
         [{"ids": g.ids, "responses": [r.ids for r in g.responses]} for g in groups]
     ))  # fmt: skip

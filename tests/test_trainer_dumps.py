@@ -218,3 +218,28 @@ def test_skyrls_training_batch_pickle_is_read_as_data_and_scored_as_its_ids(tmp_
         np.load(slime / "cross_logprobs.npz") as theirs,
     ):
         assert np.array_equal(ours["sum"], theirs["sum"], equal_nan=True)  # the same ids, two ways
+
+
+# -- prime-rl --------------------------------------------------------------------------------
+
+PRIME_STEP = DUMPS / "prime-rl" / "rollouts" / "step_5"
+
+
+def test_prime_rls_step_folder_is_scored_as_the_ids_its_traces_recorded(tmp_path, model):
+    result = score(PRIME_STEP, "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "prime-rl traces of step 5 (train/effective/traces.jsonl): 24 traces" in said
+    assert "v3 (24); 1 of 24 episodes spanned more than one version" in said
+    sampled_exactly(*check_against_plain_forward(tmp_path, model))
+
+
+def test_prime_rls_all_subset_leaves_errored_episodes_out_and_groups_interleaved_lines():
+    read = trainer_rollouts(PRIME_STEP / "train" / "all" / "traces.jsonl")
+    assert len(read.rows) == 24 and "left out 1 errored episode(s)" in read.notes[-1]
+    groups = {}
+    for _, row, _ in read.rows:
+        groups.setdefault(row["group"], set()).add(tuple(row["prompt_ids"]))
+    assert len(groups) == len(BATCH) and all(len(ids) == 1 for ids in groups.values())
+    (found,) = rollout_files(DUMPS / "prime-rl" / "rollouts")
+    assert (found.step, found.policy_step, found.trainer) == (5, 4, "prime-rl")

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from collapsecheck.inputs.trainer_rollouts import (
+    prime_rl_traces,
     ragen_trajectories,
     skyrl_evals,
     skyrl_training_batch,
@@ -28,6 +29,7 @@ READERS = (
     skyrl_evals,
     skyrl_training_batch,
     ragen_trajectories,
+    prime_rl_traces,
 )
 
 __all__ = [

@@ -1,0 +1,176 @@
+"""prime-rl's rollout traces, on by default (the orchestrator's `monitors.file`):
+`{output_dir}/rollouts/step_{N}/{train,eval}/{all,effective}/traces.jsonl`, one verifiers
+Episode record per line (`FileMonitor.log_episodes`, src/prime_rl/monitors/file.py; the record
+is `Episode.to_record()` of verifiers' v1 episode, None fields left out; read at
+PrimeIntellect-ai/prime-rl 559b447 with verifiers a60a606).
+
+`all` holds every episode as it arrived (errored and rejected ones too); `effective` the ones
+trained on (train) or kept (eval). A step's folder is read from `train/effective/` (else
+`train/all/`, else `eval/effective/`); `score` also takes one `traces.jsonl`.
+
+Each episode has `group.id` (the group of one task's rollouts), `run.work.policy`
+(`{start, end}`: the policy versions it was sampled under) and `traces`; each trace a graph of
+`nodes` (`message`, `sampled`, `token_ids`: the node's tokens with its template scaffold,
+`mask`: the trainable, sampled ones, `parent`) and `rewards` (`{name: {score, weight}}`: the
+reward is their weighted sum, as verifiers' `Trace.reward`). Read exactly as ids: a sampled
+node's context is every token before its first trainable one, its response the tokens up to
+its last; a trace with several sampled nodes is a multi-turn rollout, scored turn by turn.
+Errored episodes and traces of agents that are not trainable are left out, counted.
+
+Which weights: version v is the policy after v optimizer steps; a step's batch is shipped once
+the policy is at least two versions behind it, so step N's rollouts come from about v(N-2) to
+v(N-1): paired with checkpoint N - 1, and the note gives the versions each sample recorded
+and how many spanned more than one (weights updated while it was sampled)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.prompts import jsonl_rows
+from collapsecheck.inputs.trainer_rollouts.base import Row, TrainerRollouts, number, require
+
+TRAINER = "prime-rl"
+STEP = re.compile(r"step_(\d+)")
+FILE = "traces.jsonl"
+FOLDER = "rollouts"
+PREFERRED = ("train/effective", "train/all", "eval/effective", "eval/all")
+
+
+def step_folder(path: Path) -> Path | None:
+    """The `step_N` folder a path is, or holds its traces.jsonl."""
+    for folder in (path, *path.parents[:3]):
+        if STEP.fullmatch(folder.name):
+            return folder
+    return None
+
+
+def traces_file(path: Path) -> Path | None:
+    if path.is_file():
+        return path
+    return next((path / p / FILE for p in PREFERRED if (path / p / FILE).is_file()), None)
+
+
+def matches(path: Path) -> bool:
+    if path.is_file() and path.name != FILE:
+        return False
+    return step_folder(path) is not None and traces_file(path) is not None
+
+
+def step_of(path: Path) -> int:
+    return int(STEP.fullmatch(step_folder(path).name).group(1))
+
+
+def policy_step(path: Path) -> int:
+    """Checkpoint N - 1 (module docstring; the note gives each sample's versions)."""
+    return step_of(path) - 1
+
+
+def beside(run_dir: Path) -> Path | None:
+    folder = run_dir / FOLDER
+    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+
+
+def branch(nodes: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """The nodes from the root to the last leaf (a trace's main branch)."""
+    parents = {n.get("parent") for n in nodes}
+    leaf = max(i for i in range(len(nodes)) if i not in parents)
+    path, at = [], leaf
+    while at is not None:
+        if not 0 <= at < len(nodes) or len(path) > len(nodes):
+            raise CollapsecheckError(f"{where}: the trace's nodes do not form a tree")
+        path.append(nodes[at])
+        at = nodes[at].get("parent")
+    return path[::-1]
+
+
+def sampled_turns(nodes: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """Each sampled node as (prompt_ids: every token before its first trainable one,
+    response_ids: its tokens from there to its last trainable one)."""
+    turns, before = [], []
+    for node in branch(nodes, where):
+        ids, mask = node.get("token_ids") or [], node.get("mask") or []
+        trained = [i for i, m in enumerate(mask) if m]
+        if node.get("sampled") and trained:
+            first, last = trained[0], trained[-1]
+            turns.append(
+                {"prompt_ids": before + ids[:first], "response_ids": ids[first : last + 1]}
+            )
+        before = before + list(ids)
+    return turns
+
+
+def trace_reward(trace: dict[str, Any], where: str) -> float | None:
+    """verifiers' `Trace.reward`: the weighted sum of the scores that are set."""
+    rewards = trace.get("rewards") or {}
+    scored = [r for r in rewards.values() if isinstance(r, dict) and r.get("score") is not None]
+    if not scored:
+        return None
+    return sum(number(r["score"], where, "score") * number(r.get("weight", 1), where, "weight")
+               for r in scored)  # fmt: skip
+
+
+def episode_rows(episode: dict[str, Any], where: str, line: int, left_out: Counter) -> list[Row]:
+    require(episode, ("group", "traces"), where)
+    if episode.get("ok") is False or episode.get("errors"):
+        left_out["errored episode"] += 1
+        return []
+    rows = []
+    for t, trace in enumerate(episode["traces"], start=1):
+        at = f"{where} trace {t}"
+        if not (trace.get("agent") or {}).get("trainable", True):
+            left_out["trace of an agent that is not trainable"] += 1
+            continue
+        turns = sampled_turns(trace.get("nodes") or [], at)
+        if not turns:
+            raise CollapsecheckError(f"{at}: no sampled, trainable tokens")
+        reward = trace_reward(trace, at)
+        row = {"turns": turns, "group": episode["group"].get("id")}
+        rows.append((at, row | ({} if reward is None else {"reward": reward}), line))
+    return rows
+
+
+def single_turns(rows: list[Row]) -> list[Row]:
+    """Rows whose traces all have one turn, as single-turn rows (grouped by their group)."""
+    if any(len(row["turns"]) > 1 for _, row, _ in rows):
+        return rows
+    return [(w, {k: v for k, v in row.items() if k != "turns"} | row["turns"][0], n)
+            for w, row, n in rows]  # fmt: skip
+
+
+def versions_note(episodes: list[dict[str, Any]]) -> str:
+    spans = [((e.get("run") or {}).get("work") or {}).get("policy") for e in episodes]
+    starts = Counter(s["start"] for s in spans if s)
+    spanning = sum(1 for s in spans if s and s["start"] != s["end"])
+    if not starts:
+        return "the samples record no policy version (a frozen generation source)"
+    listed = ", ".join(f"v{v} ({n})" for v, n in sorted(starts.items()))
+    return (
+        f"policy versions at the start of sampling: {listed}; {spanning} of {len(spans)} "
+        "episodes spanned more than one version (the weights were updated while sampling)"
+    )
+
+
+def read(path: Path) -> TrainerRollouts:
+    file = traces_file(path)
+    lines = file.read_text(encoding="utf-8").splitlines()
+    rows, episodes, left_out = [], [], Counter()
+    for where, episode, line in jsonl_rows(file, lines):
+        kept = episode_rows(episode, where, line, left_out)
+        episodes += [episode] if kept else []
+        rows += kept
+    if not rows:
+        raise CollapsecheckError(f"{file}: no trainable traces")
+    rows = single_turns(rows)
+    step = step_of(path)
+    notes = [
+        f"prime-rl traces of step {step} ({file.relative_to(step_folder(path))}): {len(rows)} "
+        "traces, scored as the token ids prime-rl recorded",
+        versions_note(episodes),
+    ]
+    if left_out:
+        notes.append("left out " + ", ".join(f"{n} {k}(s)" for k, n in sorted(left_out.items())))
+    return TrainerRollouts(TRAINER, step, rows, notes)

@@ -15,7 +15,7 @@ import torch
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.safe_load import load_pickle, load_torch
 from collapsecheck.inputs.trainer_rollouts import rollout_files, trainer_rollouts
-from tests.conftest import HEALTHY, ROOT
+from tests.conftest import HEALTHY, PROMPTS, ROOT
 
 DUMPS = ROOT / "tests" / "fixtures" / "trainer-dumps"
 BATCH = json.loads((DUMPS / "batch.json").read_text())
@@ -243,3 +243,44 @@ def test_prime_rls_all_subset_leaves_errored_episodes_out_and_groups_interleaved
     assert len(groups) == len(BATCH) and all(len(ids) == 1 for ids in groups.values())
     (found,) = rollout_files(DUMPS / "prime-rl" / "rollouts")
     assert (found.step, found.policy_step, found.trainer) == (5, 4, "prime-rl")
+
+
+# -- their checkpoints -----------------------------------------------------------------------
+
+
+def layout(root, files):
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"")
+    return root
+
+
+@pytest.mark.parametrize(
+    "files, folder, says",
+    [
+        ([".metadata", "common.pt", "__0_0.distcp", "metadata.json"], "iter_0000099",
+         "a Megatron torch_dist checkpoint (slime's --save iter_NNNNNNN/): convert it with "
+         "slime's tools/convert_torch_dist_to_hf.py"),
+        (["latest_checkpointed_iteration.txt", "iter_0000099/.metadata"], "save",
+         "slime's (Megatron's) --save folder"),
+        (["mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+          "metric.json"], "_actor/global_step20",
+         "a DeepSpeed checkpoint (OpenRLHF's _actor/global_stepN/): write Hugging Face weights "
+         "with `python zero_to_fp32.py"),
+        (["_actor/latest", "_actor/zero_to_fp32.py", "_actor/global_step20/metric.json"],
+         "checkpoints_ppo_ray", "OpenRLHF's checkpoint folder (DeepSpeed states in _actor/)"),
+        (["trainer/.metadata", "trainer/__0_0.distcp", "orchestrator/progress.pt"], "step_40",
+         "a prime-rl trainer checkpoint"),
+    ],
+)  # fmt: skip
+def test_a_trainers_checkpoint_folder_that_is_not_hugging_face_says_what_to_run(
+    tmp_path, files, folder, says
+):
+    path = layout(tmp_path / folder, files)
+    result = subprocess.run(
+        [sys.executable, "-m", "collapsecheck", "scan", str(path), "-p", str(PROMPTS)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2, result.stderr
+    assert says in said and "no checkpoint here" not in said and "Traceback" not in said

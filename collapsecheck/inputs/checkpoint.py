@@ -21,6 +21,7 @@ from collapsecheck.inputs.formats.base import (
     quiet_transformers,
     weight_files,
 )
+from collapsecheck.inputs.trainer_checkpoints import trainer_layout
 from collapsecheck.settings import LoadSettings
 
 FORMATS: dict[str, CheckpointFormat] = {
@@ -47,6 +48,9 @@ def describe_directory(path: Path) -> str:
         return "not found"
     if not path.is_dir():
         return "a checkpoint must be a directory"
+    written = trainer_layout(path)
+    if written is not None:
+        return written
     names = ("config.json", *WEIGHT_FILES, peft_adapter.ADAPTER_CONFIG, "huggingface", "actor")
     notable = [name for name in names if (path / name).exists()]
     shards = verl_fsdp.shard_files(path)

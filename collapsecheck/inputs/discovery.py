@@ -39,7 +39,7 @@ def step_number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-STEP_FOLDER = re.compile(r"(global_step|checkpoint|step)[_-]?\d+")
+STEP_FOLDER = re.compile(r"(global_step|checkpoint|step|iter)[_-]?\d+")
 TRAINER_STATE = "trainer_state.json"
 
 

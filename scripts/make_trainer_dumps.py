@@ -283,19 +283,69 @@ def write_prime_rl(groups: list[Group], tokenizer, folder: Path) -> None:
         (step / subset / "traces.jsonl").write_text(text, encoding="utf-8")
 
 
+# -- ROLL: alibaba/ROLL, roll/pipeline/rlvr/utils.py dump_rollout_to_specific_path and
+#    write_to_json_process (rollout_dump_dir, an absolute path) ------------------------------
+
+
+def write_roll(groups: list[Group], tokenizer, folder: Path) -> None:
+    """`rollout_dump_data.step_7.jsonl`: one line, the batch's columns of COLUMNS_CONFIG, a
+    value per response (`messages` as the dataset holds it: JSON text), the responses decoded
+    with special tokens skipped, `sampling_params` the batch's meta_info as JSON."""
+    folder.mkdir(parents=True)
+    rows = [(g, group, response) for g, group in enumerate(groups) for response in group.responses]
+    meta = json.dumps({"generation_config": {"temperature": 1.0, "num_return_sequences": K}})
+    data = {
+        "id": [f"grid-{g}" for g, _, _ in rows],
+        "source": ["gridworld"] * len(rows),
+        "prompt": [group.messages[-1]["content"] for _, group, _ in rows],
+        "messages": [json.dumps(group.messages, ensure_ascii=False) for _, group, _ in rows],
+        "ground_truth": [group.ground_truth for _, group, _ in rows],
+        "tag": ["gridworld"] * len(rows),
+        "domain": ["math_rule"] * len(rows),
+        "responses": tokenizer.batch_decode([r.ids for _, _, r in rows], skip_special_tokens=True),
+        "scores": [r.reward for _, _, r in rows],
+        "sampling_params": [meta] * len(rows),
+        "global_step": [7] * len(rows),
+    }
+    with open(folder / "rollout_dump_data.step_7.jsonl", "w", encoding="utf-8") as stream:
+        stream.write(json.dumps(data, ensure_ascii=False) + "\n")
+
+
+# -- AReaL: inclusionAI/AReaL 4aef98d, areal/infra/workflow_executor.py
+#    WorkflowExecutor._dump_trajectory (rollout.dump_to_file) -------------------------------
+
+
+def write_areal(groups: list[Group], tokenizer, folder: Path) -> None:
+    """`rollout/{tail_version}/{task_id}.jsonl`, appended a line per sample of a task's group:
+    versions 4 and 5 (the second half of the groups finished under 5); two rollout workers'
+    task ids both start at 0, so files 0.jsonl hold two prompts each."""
+    for g, group in enumerate(groups):
+        tail = 4 if g < 3 else 5
+        out = folder / "rollout" / str(tail)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / f"{g % 2}.jsonl", "a", encoding="utf-8") as stream:
+            for i, response in enumerate(group.responses):
+                line = {
+                    "task_id": g % 2, "sample_idx": i,
+                    "seqlen": len(group.ids) + len(response.ids), "prompt_len": len(group.ids),
+                    "head_version": -1, "tail_version": tail, "reward": response.reward,
+                    "prompt": tokenizer.decode(group.ids, skip_special_tokens=False),
+                    "completion": tokenizer.decode(response.ids, skip_special_tokens=False),
+                }  # fmt: skip
+                stream.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
 def main() -> None:
     groups, tokenizer = sample_batch()
-    for written in (
-        "slime",
-        "skyrl/dumped_evals",
-        "ragen",
-        "prime-rl",
-    ):  # SkyRL's pickles: make_skyrl_batches
-        shutil.rmtree(OUT / written, ignore_errors=True)
+    written = ("slime", "skyrl/dumped_evals", "ragen", "prime-rl", "roll", "areal")
+    for folder in written:  # SkyRL's pickles come from make_skyrl_batches.py
+        shutil.rmtree(OUT / folder, ignore_errors=True)
     write_slime(groups, OUT / "slime")
     write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
     write_ragen(groups, tokenizer, OUT / "ragen")
     write_prime_rl(groups, tokenizer, OUT / "prime-rl")
+    write_roll(groups, tokenizer, OUT / "roll")
+    write_areal(groups, tokenizer, OUT / "areal")
     (OUT / "batch.json").write_text(json.dumps(
         [{"ids": g.ids, "responses": [r.ids for r in g.responses]} for g in groups]
     ))  # fmt: skip

@@ -284,3 +284,36 @@ def test_a_trainers_checkpoint_folder_that_is_not_hugging_face_says_what_to_run(
     said = " ".join(result.stderr.split())
     assert result.returncode == 2, result.stderr
     assert says in said and "no checkpoint here" not in said and "Traceback" not in said
+
+
+# -- ROLL ------------------------------------------------------------------------------------
+
+ROLL = DUMPS / "roll" / "rollout_dump_data.step_7.jsonl"
+
+
+def test_rolls_column_dump_is_scored_in_each_responses_chat(tmp_path, model):
+    result = score(ROLL, "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "ROLL rollouts of step 7: 24 responses, each in its messages" in said
+    # the messages rendered by the chat template are the contexts the batch was sampled in
+    sampled_exactly(*check_against_plain_forward(tmp_path, model))
+    (found,) = rollout_files(ROLL.parent)
+    assert (found.step, found.policy_step, found.trainer) == (7, 6, "roll")
+
+
+# -- AReaL -----------------------------------------------------------------------------------
+
+AREAL = DUMPS / "areal" / "rollout"
+
+
+def test_areals_version_folder_is_scored_and_says_what_its_versions_cannot_tell(tmp_path, model):
+    result = score(AREAL / "4", "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "AReaL rollout of version 4: 12 samples of 3 prompts" in said
+    assert "the share of samples no single checkpoint sampled is unknown" in said
+    prompts, _ = check_against_plain_forward(tmp_path, model)
+    assert prompts == [BATCH[g]["ids"] for g in (0, 2, 1)]  # files 0.jsonl (0, 2), 1.jsonl (1)
+    files = rollout_files(AREAL)
+    assert [(f.step, f.policy_step, f.trainer) for f in files] == [(4, 3, "areal"), (5, 4, "areal")]

@@ -33,6 +33,11 @@ def megatron_save_folder(path: Path) -> bool:
     return (path / "latest_checkpointed_iteration.txt").is_file() and has(path, "iter_*")
 
 
+def mcore_adapter(path: Path) -> bool:
+    """ROLL's Megatron strategy: `mca_config.json` beside `iter_NNNNNNN/mp_rank_*/`."""
+    return (path / "mca_config.json").is_file() and has(path, "iter_*")
+
+
 def deepspeed_tag(path: Path) -> bool:
     return path.is_dir() and any(DEEPSPEED_STATES.fullmatch(p.name) for p in path.iterdir())
 
@@ -76,6 +81,14 @@ LAYOUTS = (
             "slime's tools/convert_torch_dist_to_hf.py --input-dir {path} --output-dir OUT "
             "--origin-hf-dir BASE_HF_MODEL, or let slime write Hugging Face weights as it trains "
             "(--save-hf PATH)"
+        ),
+    ),
+    Layout(
+        mcore_adapter,
+        (
+            "ROLL's Megatron checkpoint (mcore_adapter: mca_config.json, iter_NNNNNNN/): convert "
+            "it with ROLL's mcore_adapter/tools/convert.py --checkpoint_path {path} "
+            "--output_path OUT, or train with the FSDP2 strategy, which saves Hugging Face weights"
         ),
     ),
     Layout(

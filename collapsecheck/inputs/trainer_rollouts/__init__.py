@@ -12,8 +12,10 @@ from pathlib import Path
 from types import ModuleType
 
 from collapsecheck.inputs.trainer_rollouts import (
+    areal_trajectories,
     prime_rl_traces,
     ragen_trajectories,
+    roll_dumps,
     skyrl_evals,
     skyrl_training_batch,
     slime_debug_rollouts,
@@ -30,6 +32,8 @@ READERS = (
     skyrl_training_batch,
     ragen_trajectories,
     prime_rl_traces,
+    roll_dumps,
+    areal_trajectories,
 )
 
 __all__ = [

@@ -1,0 +1,101 @@
+"""ROLL's RLVR pipeline with `rollout_dump_dir: /ABSOLUTE/PATH`:
+`rollout_dump_data.step_{N}.jsonl`, one JSON line holding the step's batch as columns (column ->
+list, a value per response), written by `dump_rollout_to_specific_path` and
+`write_to_json_process` (roll/pipeline/rlvr/utils.py of alibaba/ROLL). Only the columns of its
+`COLUMNS_CONFIG` the batch has are kept: `global_step`, `id`, `source`, `difficulty`,
+`prompt`, `messages`, `ground_truth`, `tag`, `domain`, `responses` (decoded with special
+tokens skipped), `scores` and `sampling_params`.
+
+ROLL writes only when the path starts with "/" (its `json_checker`): a relative
+`rollout_dump_dir` writes nothing, silently. A response's context: `messages` (the chat,
+JSON text or a list), rendered with the checkpoint's chat template, else `prompt` as text;
+responses are grouped by `id`, else by that context. In the synchronous pipeline step N's
+batch is generated before its update, by the weights saved as `checkpoint-{N-1}` (step 0: the
+base model); asynchronous generation can be up to `ceil(async_generation_ratio)` steps older."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, text
+
+TRAINER = "roll"
+NAME = re.compile(r"rollout_dump_data\.step_(\d+)\.jsonl")
+CONTEXTS = ("messages", "prompt")
+
+
+def matches(path: Path) -> bool:
+    return path.is_file() and NAME.fullmatch(path.name) is not None
+
+
+def step_of(path: Path) -> int:
+    return int(NAME.fullmatch(path.name).group(1))
+
+
+def policy_step(path: Path) -> int:
+    return step_of(path) - 1
+
+
+def beside(run_dir: Path) -> None:
+    """None: ROLL writes where `rollout_dump_dir` says (--rollouts DIR)."""
+    return None
+
+
+def columns(path: Path) -> dict[str, list[Any]]:
+    """The file's one line of columns, every column a list of the same length."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        data = json.loads(lines[0]) if lines else None
+    except json.JSONDecodeError as err:
+        raise CollapsecheckError(f"{path}:1: malformed JSON ({err.msg})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise CollapsecheckError(f"{path}:1: not ROLL's dump (a line of column -> list)")
+    for wanted in ("responses", "scores"):
+        if wanted not in data:
+            raise CollapsecheckError(f"{path}:1: no {wanted!r} column")
+    if len({len(v) for v in data.values()}) > 1:
+        raise CollapsecheckError(f"{path}:1: the columns have different lengths")
+    return data
+
+
+def context(data: dict[str, list[Any]], index: int, where: str) -> tuple[str, Any]:
+    """The response's context: its messages (parsed when JSON text), else its prompt."""
+    name = next((c for c in CONTEXTS if c in data and data[c][index] not in (None, "")), None)
+    if name is None:
+        raise CollapsecheckError(f"{where}: no 'messages' or 'prompt' value")
+    value = data[name][index]
+    if name == "messages" and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise CollapsecheckError(f"{where}: 'messages' is not JSON chat messages") from None
+    return name, value
+
+
+def read(path: Path) -> TrainerRollouts:
+    data = columns(path)
+    rows, used = [], set()
+    for index in range(len(data["responses"])):
+        where = f"{path}:1, response {index + 1}"
+        name, prompt = context(data, index, where)
+        used.add(name)
+        group = data["id"][index] if "id" in data else json.dumps(prompt, sort_keys=True)
+        rows.append((where, {
+            "prompt": prompt,
+            "response": text(data["responses"][index], where, "responses"),
+            "reward": number(data["scores"][index], where, "scores"),
+            "group": group,
+        }, index + 1))  # fmt: skip
+    if not rows:
+        raise CollapsecheckError(f"{path}: no responses (the columns are empty)")
+    step = step_of(path)
+    notes = [
+        f"ROLL rollouts of step {step}: {len(rows)} responses, each in its "
+        f"{' or '.join(sorted(used))} (rendered as the chat template renders it), the "
+        "responses as ROLL decoded them (special tokens skipped), tokenized again"
+    ]
+    return TrainerRollouts(TRAINER, step, rows, notes)

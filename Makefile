@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: grpo-run-scans install demo demo-vision vlm-fixtures test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-real bench-vllm clean
+.PHONY: trainer-dumps skyrl-batches grpo-run-scans install demo demo-vision vlm-fixtures test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-real bench-vllm clean
 
 install: $(STAMP)
 
@@ -163,3 +163,13 @@ bench-vllm: vllm-env
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+
+# other trainers' rollout dumps, written as each trainer's writer writes them (tests/fixtures/
+# trainer-dumps/); SkyRL's training-batch pickles by SkyRL's own class, from its wheels
+trainer-dumps: $(STAMP)
+	$(PY) scripts/make_trainer_dumps.py
+SKYRL_VENV ?= /tmp/skyrl-venv
+skyrl-batches:
+	python3 -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/python -m pip install -q "torch==2.13.0" numpy jaxtyping loguru "transformers==5.24.0"
+	$(SKYRL_VENV)/bin/python scripts/make_skyrl_batches.py

@@ -19,7 +19,8 @@ from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.trainer_rollouts import RolloutFile, rollout_files, rollouts_beside
 from collapsecheck.reports.run_report import Pairing
 
-TRAINERS = {"trl": "TRL", "verl": "veRL"}
+TRAINERS = {"trl": "TRL", "verl": "veRL", "slime": "slime", "skyrl": "SkyRL", "areal": "AReaL",
+            "roll": "ROLL", "prime-rl": "prime-rl"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,9 @@ def find_run_rollouts(run_dir: Path, rollouts: Path | None) -> RunRollouts | Non
     if not files:
         raise CollapsecheckError(
             f"--rollouts {rollouts}: no trainer rollout files in it (TRL's "
-            "completions_NNNNN.parquet, veRL's STEP.jsonl with input, output and score)"
+            "completions_NNNNN.parquet, veRL's STEP.jsonl with input, output and score, slime's "
+            "N.pt, SkyRL's global_step_N_evals/ or global_step_N_training_input.pkl, AReaL's "
+            "VERSION/, ROLL's rollout_dump_data.step_N.jsonl, prime-rl's step_N/; docs/formats.md)"
         )
     return RunRollouts(rollouts, files)
 

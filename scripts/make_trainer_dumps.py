@@ -311,6 +311,75 @@ def write_roll(groups: list[Group], tokenizer, folder: Path) -> None:
         stream.write(json.dumps(data, ensure_ascii=False) + "\n")
 
 
+def write_roll_agentic(groups: list[Group], tokenizer, folder: Path) -> None:
+    """The agentic pipeline's `rollout_dump_data.step_7.jsonl` (AgentNativeStepEnvManager,
+    roll/pipeline/agentic/env_manager/agent_native_env_manager.py, and
+    dump_rollout_trajectories, roll/pipeline/agentic/utils.py, ROLL 8eb27cc): a value per
+    trajectory (the steps before its last carry None and are dropped), trajectory_data and
+    messages as JSON text, messages a list of the trajectory's conversations."""
+    folder.mkdir(parents=True)
+    data = {"trajectory_data": [], "messages": [], "tools": [], "exp_name": []}
+    for g, group in enumerate(groups):
+        for j in range(2):
+            first, second = group.responses[2 * j], group.responses[2 * j + 1]
+            conversation = [
+                *group.messages,
+                {"role": "assistant", "content": response_text(first, tokenizer)},
+                {"role": "user", "content": groups[(g + 1) % len(groups)].messages[-1]["content"]},
+                {"role": "assistant", "content": response_text(second, tokenizer)},
+            ]
+            steps = [first.reward, second.reward]
+            trajectory = {
+                "trajectory_id": f"grid_0_1_{g}_{j}_0_7", "current_step": 7,
+                "env_info": {"env_id": 2 * g + j, "group_id": g, "tag": "grid", "seed": g},
+                "length_info": {"trajectory_length": 2, "num_actions": 2},
+                "reward_info": {"episode_reward": sum(steps), "step_rewards": steps,
+                                "first_round_reward": steps[0], "final_reward": steps[-1]},
+                "failure_info": {"stop_reason": "MAX_STEPS"}, "metrics": {},
+            }  # fmt: skip
+            data["trajectory_data"].append(json.dumps(trajectory))
+            data["messages"].append(json.dumps([conversation]))
+            data["tools"].append(json.dumps([]))
+            data["exp_name"].append("grid")
+    data["global_step"] = [7] * len(data["messages"])
+    with open(folder / "rollout_dump_data.step_7.jsonl", "w", encoding="utf-8") as stream:
+        stream.write(json.dumps(data, ensure_ascii=False) + "\n")
+
+
+# -- verl-agent: langfengQ/verl-agent 796ed31, verl/trainer/ppo/ray_trainer.py
+#    _dump_generations (the older veRL writer: no gts) ----------------------------------------
+
+
+def write_verl_agent(groups: list[Group], tokenizer, folder: Path) -> None:
+    """`{rollout_data_dir}/3.jsonl`: a row per environment step of each trajectory, its input
+    the step's prompt (a user message: the observation, the history summarised inside it)
+    rendered and decoded with special tokens skipped, its score the episode's return; one row
+    copied at the end, as adjust_batch pads the batch."""
+    folder.mkdir(parents=True)
+    rows = []
+    for group in groups:
+        for j in range(2):
+            first, second = group.responses[2 * j], group.responses[2 * j + 1]
+            state = group.messages[-1]["content"]
+            # verl-agent's history text, lower-cased: the demo tokenizer has no capitals
+            after = f"prior to this step: observation 1: '{state}', action 1: 'move'. {state}"
+            episode = first.reward + second.reward
+            for observation, response in ((state, first), (after, second)):
+                chat = [{"role": "user", "content": observation}]
+                text = tokenizer.apply_chat_template(
+                    chat, add_generation_prompt=True, tokenize=False
+                )
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                rows.append({
+                    "input": tokenizer.decode(ids, skip_special_tokens=True),
+                    "output": tokenizer.decode(response.ids, skip_special_tokens=True),
+                    "score": episode, "step": 3,
+                })  # fmt: skip
+    rows.append(rows[5])
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    (folder / "3.jsonl").write_text(text, encoding="utf-8")
+
+
 # -- AReaL: inclusionAI/AReaL 4aef98d, areal/infra/workflow_executor.py
 #    WorkflowExecutor._dump_trajectory (rollout.dump_to_file) -------------------------------
 
@@ -337,7 +406,16 @@ def write_areal(groups: list[Group], tokenizer, folder: Path) -> None:
 
 def main() -> None:
     groups, tokenizer = sample_batch()
-    written = ("slime", "skyrl/dumped_evals", "ragen", "prime-rl", "roll", "areal")
+    written = (
+        "slime",
+        "skyrl/dumped_evals",
+        "ragen",
+        "prime-rl",
+        "roll",
+        "areal",
+        "roll-agentic",
+        "verl-agent",
+    )
     for folder in written:  # SkyRL's pickles come from make_skyrl_batches.py
         shutil.rmtree(OUT / folder, ignore_errors=True)
     write_slime(groups, OUT / "slime")
@@ -346,6 +424,8 @@ def main() -> None:
     write_prime_rl(groups, tokenizer, OUT / "prime-rl")
     write_roll(groups, tokenizer, OUT / "roll")
     write_areal(groups, tokenizer, OUT / "areal")
+    write_roll_agentic(groups, tokenizer, OUT / "roll-agentic")
+    write_verl_agent(groups, tokenizer, OUT / "verl-agent")
     (OUT / "batch.json").write_text(json.dumps(
         [{"ids": g.ids, "responses": [r.ids for r in g.responses]} for g in groups]
     ))  # fmt: skip

@@ -317,3 +317,28 @@ def test_areals_version_folder_is_scored_and_says_what_its_versions_cannot_tell(
     assert prompts == [BATCH[g]["ids"] for g in (0, 2, 1)]  # files 0.jsonl (0, 2), 1.jsonl (1)
     files = rollout_files(AREAL)
     assert [(f.step, f.policy_step, f.trainer) for f in files] == [(4, 3, "areal"), (5, 4, "areal")]
+
+
+def test_rolls_agentic_trajectories_are_scored_turn_by_turn(tmp_path, model):
+    path = DUMPS / "roll-agentic" / "rollout_dump_data.step_7.jsonl"
+    result = score(path, "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "ROLL agentic trajectories of step 7: 12 trajectories, 24 turns" in said
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["snr"]["rewards"] == "rollouts, per trajectory"
+    prompts, _ = check_against_plain_forward(tmp_path, model)
+    first_turns = {tuple(p) for p in prompts} & {tuple(group["ids"]) for group in BATCH}
+    assert len(first_turns) == len(BATCH)  # each first turn in the context it was sampled in
+
+
+# -- verl-agent ------------------------------------------------------------------------------
+
+
+def test_verl_agents_step_rows_are_read_as_turns_and_its_copies_said():
+    read = trainer_rollouts(DUMPS / "verl-agent" / "3.jsonl")
+    assert read.trainer == "verl" and len(read.rows) == 25
+    assert read.notes[0].startswith("1 row(s) repeat an earlier row exactly")
+    inputs = {row["prompt"] for _, row, _ in read.rows}
+    assert len(inputs) == 12  # the first steps of a group share their input; later ones differ
+    assert sum(i.startswith("prior to this step") for i in inputs) == len(BATCH)

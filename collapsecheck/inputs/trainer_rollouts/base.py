@@ -44,3 +44,16 @@ def require(row: dict[str, Any], names: tuple[str, ...], where: str) -> None:
     missing = [n for n in names if n not in row]
     if missing:
         raise CollapsecheckError(f"{where}: no {', '.join(repr(n) for n in missing)} field")
+
+
+def assistant_turns(messages: Any, where: str) -> list[dict[str, Any]]:
+    """Each assistant message with every message before it as its context."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise CollapsecheckError(f"{where}: field 'messages' is not a list of messages")
+    found = []
+    for index, message in enumerate(messages):
+        if message.get("role") == "assistant" and index > 0:
+            found.append({"messages": messages[:index], "response": message.get("content")})
+    if not found:
+        raise CollapsecheckError(f"{where}: the trajectory has no assistant turn")
+    return found

@@ -21,7 +21,12 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require
+from collapsecheck.inputs.trainer_rollouts.base import (
+    TrainerRollouts,
+    assistant_turns,
+    number,
+    require,
+)
 
 TRAINER = "ragen"
 FIELDS = ("messages", "metadata")
@@ -68,19 +73,6 @@ def beside(run_dir: Path) -> None:
     return None
 
 
-def turns(messages: Any, where: str) -> list[dict[str, Any]]:
-    """Each assistant message with every message before it as its context."""
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise CollapsecheckError(f"{where}: field 'messages' is not a list of messages")
-    found = []
-    for index, message in enumerate(messages):
-        if message.get("role") == "assistant" and index > 0:
-            found.append({"messages": messages[:index], "response": message.get("content")})
-    if not found:
-        raise CollapsecheckError(f"{where}: the trajectory has no assistant turn")
-    return found
-
-
 def read(path: Path) -> TrainerRollouts:
     if is_pickled_dataproto(path):
         raise CollapsecheckError(
@@ -94,7 +86,7 @@ def read(path: Path) -> TrainerRollouts:
         metadata = row["metadata"]
         require(metadata, ("total_reward",), f"{where} (metadata)")
         rows.append((where, {
-            "turns": turns(row["messages"], where),
+            "turns": assistant_turns(row["messages"], where),
             "reward": number(metadata["total_reward"], where, "metadata.total_reward"),
             "group": metadata.get("group_id"),
         }, line))  # fmt: skip

@@ -6,6 +6,13 @@ list, a value per response), written by `dump_rollout_to_specific_path` and
 `prompt`, `messages`, `ground_truth`, `tag`, `domain`, `responses` (decoded with special
 tokens skipped), `scores` and `sampling_params`.
 
+Its agentic pipeline writes the same file name (`dump_rollout_trajectories`,
+roll/pipeline/agentic/utils.py) only with an environment manager that sets `COLUMMNS_CONFIG`
+(`AgentNativeStepEnvManager`, `ProxyEnvManager`; the default `TrajEnvManager` writes nothing):
+a value per trajectory of `trajectory_data` (JSON: `reward_info.episode_reward`,
+`env_info.group_id`, ...), `messages` (JSON: the trajectory's conversations) and `tools`. Read as
+multi-turn rollouts: each assistant message a turn, its context the messages before it.
+
 ROLL writes only when the path starts with "/" (its `json_checker`): a relative
 `rollout_dump_dir` writes nothing, silently. A response's context: `messages` (the chat,
 JSON text or a list), rendered with the checkpoint's chat template, else `prompt` as text;
@@ -21,11 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, text
+from collapsecheck.inputs.trainer_rollouts.base import (
+    Row,
+    TrainerRollouts,
+    assistant_turns,
+    number,
+    text,
+)
 
 TRAINER = "roll"
 NAME = re.compile(r"rollout_dump_data\.step_(\d+)\.jsonl")
 CONTEXTS = ("messages", "prompt")
+AGENTIC = ("trajectory_data", "messages")
 
 
 def matches(path: Path) -> bool:
@@ -54,9 +68,10 @@ def columns(path: Path) -> dict[str, list[Any]]:
         raise CollapsecheckError(f"{path}:1: malformed JSON ({err.msg})") from None
     if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
         raise CollapsecheckError(f"{path}:1: not ROLL's dump (a line of column -> list)")
-    for wanted in ("responses", "scores"):
-        if wanted not in data:
-            raise CollapsecheckError(f"{path}:1: no {wanted!r} column")
+    wanted = AGENTIC if "trajectory_data" in data else ("responses", "scores")
+    for name in wanted:
+        if name not in data:
+            raise CollapsecheckError(f"{path}:1: no {name!r} column")
     if len({len(v) for v in data.values()}) > 1:
         raise CollapsecheckError(f"{path}:1: the columns have different lengths")
     return data
@@ -76,8 +91,42 @@ def context(data: dict[str, list[Any]], index: int, where: str) -> tuple[str, An
     return name, value
 
 
+def parsed(value: Any, where: str, name: str) -> Any:
+    """A column's JSON text, parsed."""
+    try:
+        return json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        raise CollapsecheckError(f"{where}: {name!r} is not JSON") from None
+
+
+def trajectory_rows(path: Path, data: dict[str, list[Any]]) -> list[Row]:
+    """The agentic pipeline's trajectories, each conversation of one a multi-turn row."""
+    rows = []
+    for index in range(len(data["trajectory_data"])):
+        where = f"{path}:1, trajectory {index + 1}"
+        trajectory = parsed(data["trajectory_data"][index], where, "trajectory_data")
+        reward = ((trajectory or {}).get("reward_info") or {}).get("episode_reward")
+        group = ((trajectory or {}).get("env_info") or {}).get("group_id")
+        for conversation in parsed(data["messages"][index], where, "messages"):
+            row = {"turns": assistant_turns(conversation, where), "group": group}
+            row |= {} if reward is None else {"reward": number(reward, where, "episode_reward")}
+            rows.append((where, row, index + 1))
+    return rows
+
+
 def read(path: Path) -> TrainerRollouts:
     data = columns(path)
+    if "trajectory_data" in data:
+        rows = trajectory_rows(path, data)
+        if not rows:
+            raise CollapsecheckError(f"{path}: no trajectories (the columns are empty)")
+        turns = sum(len(row["turns"]) for _, row, _ in rows)
+        notes = [
+            f"ROLL agentic trajectories of step {step_of(path)}: {len(rows)} trajectories, "
+            f"{turns} turns, each in the conversation before it (rendered as the chat template "
+            "renders it); reward: the episode's (reward_info.episode_reward)"
+        ]
+        return TrainerRollouts(TRAINER, step_of(path), rows, notes)
     rows, used = [], set()
     for index in range(len(data["responses"])):
         where = f"{path}:1, response {index + 1}"

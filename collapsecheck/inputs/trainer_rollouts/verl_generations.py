@@ -6,7 +6,12 @@ What the file holds: `input` and `output` are the prompt and response ids decode
 special tokens skipped, so `input` is the chat-templated prompt without its special tokens,
 not the exact context the policy saw, and `output` is re-tokenized (its sampled ids are not in
 the file). There is no group id: responses are grouped by their input text. `score` is the
-sequence reward (the token-level scores summed)."""
+sequence reward (the token-level scores summed).
+
+verl-agent writes the same file with veRL's older writer (no `gts`): a row per environment
+step, its input that step's context (the observation with the environment's summary of the
+last steps), its score the episode's return; read alike, each row a turn in its own context
+(docs/formats.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pathlib import Path
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require, text
+from collapsecheck.inputs.trainer_rollouts.base import Row, TrainerRollouts, number, require, text
 
 TRAINER = "verl"
 NAME = re.compile(r"(\d+)\.jsonl")
@@ -50,10 +55,29 @@ def beside(run_dir: Path) -> Path | None:
     return None
 
 
+def copies_note(rows: list[Row], has_gts: bool) -> list[str]:
+    """verl-agent (veRL's older writer: no `gts`) pads a batch with copies of random rows
+    (`adjust_batch`); copies cannot be told from two samples that agree, so they are counted,
+    and said."""
+    seen: set[tuple[str, str, float]] = set()
+    copies = 0
+    for _, row, _ in rows:
+        key = (row["prompt"], row["response"], row["reward"])
+        copies += key in seen
+        seen.add(key)
+    if has_gts or not copies:
+        return []
+    return [
+        f"{copies} row(s) repeat an earlier row exactly (input, output and score): verl-agent "
+        "pads its batches with copies of rows (adjust_batch), which count here as samples"
+    ]
+
+
 def read(path: Path) -> TrainerRollouts:
     rows = []
     lines = path.read_text(encoding="utf-8").splitlines()
-    for where, row, line in jsonl_rows(path, lines):
+    raw = jsonl_rows(path, lines)
+    for where, row, line in raw:
         require(row, FIELDS, where)
         prompt = text(row["input"], where, "input")
         if not prompt.strip():
@@ -67,10 +91,12 @@ def read(path: Path) -> TrainerRollouts:
     if not rows:
         raise CollapsecheckError(f"{path}: no rollouts (the file is empty)")
     step = step_of(path)
-    notes = [
+    notes = copies_note(rows, any("gts" in row for _, row, _ in raw))
+    notes += [
         f"veRL rollouts of step {step}: {len(rows)} responses to "
         f"{len({r['group'] for _, r, _ in rows})} inputs; each input is veRL's decoded prompt "
         "(special tokens skipped), not the context the policy saw: --prompts TRAIN_FILE "
-        "matches each to its training row"
+        "matches each to its training row (verl-agent's prompts come from its environment, "
+        "not a file)"
     ]
     return TrainerRollouts(TRAINER, step, rows, notes)

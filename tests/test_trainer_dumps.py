@@ -5,6 +5,7 @@ the demo policy, written the way each trainer writes it."""
 
 import json
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -342,3 +343,43 @@ def test_verl_agents_step_rows_are_read_as_turns_and_its_copies_said():
     inputs = {row["prompt"] for _, row, _ in read.rows}
     assert len(inputs) == 12  # the first steps of a group share their input; later ones differ
     assert sum(i.startswith("prior to this step") for i in inputs) == len(BATCH)
+
+
+# -- a run's own dumps, paired with the checkpoint that sampled each step --------------------
+
+
+def scan_run(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "collapsecheck", "scan", *map(str, args), "--fail-on", "none"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_scan_run_finds_prime_rls_rollouts_beside_and_pairs_each_step(tmp_path):
+    run = tmp_path / "run"
+    (run / "step_4").parent.mkdir()
+    (run / "step_4").symlink_to(HEALTHY, target_is_directory=True)
+    shutil.copytree(DUMPS / "prime-rl" / "rollouts", run / "rollouts")
+    result = scan_run(run, "--json", tmp_path / "run.json")
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "the trainer's own rollouts (prime-rl" in said
+    (step,) = json.loads((tmp_path / "run.json").read_text())["steps"]
+    assert step["rollouts"]["checkpoint"] == "step_4" and step["rollouts"]["gap"] == 0
+
+
+def test_scan_run_with_areals_version_folders_pairs_version_v_with_step_v_minus_one(tmp_path):
+    run = tmp_path / "checkpoints"
+    run.mkdir()
+    for step in (3, 4):  # AReaL's own checkpoint names
+        (run / f"epoch0epochstep{step}globalstep{step}").symlink_to(
+            HEALTHY, target_is_directory=True
+        )
+    result = scan_run(run, "--rollouts", AREAL, "--json", tmp_path / "run.json")
+    assert result.returncode == 0, result.stderr
+    steps = json.loads((tmp_path / "run.json").read_text())["steps"]
+    paired = [
+        (s["rollouts"]["step"], s["rollouts"]["checkpoint_step"], s["rollouts"]["gap"])
+        for s in steps
+    ]
+    assert paired == [(4, 3, 0), (5, 4, 0)]

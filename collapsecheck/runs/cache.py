@@ -33,6 +33,13 @@ def default_cache_root() -> Path:
 
 
 def _file_digest(path: Path, digest: Any) -> None:
+    """A file's name, size and bytes (sampled where large) into `digest`; a folder (a
+    trainer's step of rollouts): every file in it, in order of their paths."""
+    if path.is_dir():
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(f"{file.relative_to(path)}\0".encode())
+            _file_digest(file, digest)
+        return
     size = path.stat().st_size
     digest.update(f"{path.name}\0{size}\0".encode())
     with path.open("rb") as stream:

@@ -29,7 +29,13 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require, text
+from collapsecheck.inputs.trainer_rollouts.base import (
+    TrainerRollouts,
+    folder_holding,
+    number,
+    require,
+    text,
+)
 
 TRAINER = "areal"
 KINDS = ("rollout", "eval-rollout")
@@ -67,8 +73,7 @@ def policy_step(path: Path) -> int:
 
 def beside(run_dir: Path) -> Path | None:
     """`rollout/` of the trial's log folder, when the run directory is that folder."""
-    folder = run_dir / "rollout"
-    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+    return folder_holding(run_dir, "rollout", matches)
 
 
 def sample_row(row: dict[str, Any], where: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@ on the way (which reward, how responses were grouped)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
@@ -23,6 +25,12 @@ class TrainerRollouts:
     step: int | None
     rows: list[Row]
     notes: list[str] = field(default_factory=list)
+
+
+def folder_holding(run_dir: Path, name: str, matches: Callable[[Path], bool]) -> Path | None:
+    """`run_dir/name` when the trainer's rollouts are in it (a reader's `beside`)."""
+    folder = run_dir / name
+    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
 
 
 def number(value: Any, where: str, name: str, missing_ok: bool = False) -> float:

@@ -31,7 +31,13 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
-from collapsecheck.inputs.trainer_rollouts.base import Row, TrainerRollouts, number, require
+from collapsecheck.inputs.trainer_rollouts.base import (
+    Row,
+    TrainerRollouts,
+    folder_holding,
+    number,
+    require,
+)
 
 TRAINER = "prime-rl"
 STEP = re.compile(r"step_(\d+)")
@@ -70,8 +76,7 @@ def policy_step(path: Path) -> int:
 
 
 def beside(run_dir: Path) -> Path | None:
-    folder = run_dir / FOLDER
-    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+    return folder_holding(run_dir, FOLDER, matches)
 
 
 def branch(nodes: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:

@@ -22,7 +22,13 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require, text
+from collapsecheck.inputs.trainer_rollouts.base import (
+    TrainerRollouts,
+    folder_holding,
+    number,
+    require,
+    text,
+)
 
 TRAINER = "skyrl"
 FOLDER_NAME = re.compile(r"global_step_(\d+)_evals")
@@ -57,8 +63,7 @@ def policy_step(path: Path) -> int:
 
 def beside(run_dir: Path) -> Path | None:
     """`dumped_evals/` of the export path, when the run directory is that path."""
-    folder = run_dir / FOLDER
-    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+    return folder_holding(run_dir, FOLDER, matches)
 
 
 def reward(value: Any, where: str) -> float:

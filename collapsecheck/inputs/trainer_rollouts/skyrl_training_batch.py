@@ -30,7 +30,7 @@ import numpy as np
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.safe_load import Record, load_pickle
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts
+from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, folder_holding
 
 TRAINER = "skyrl"
 NAME = re.compile(r"global_step_(\d+)_training_input\.pkl")
@@ -59,8 +59,7 @@ def policy_step(path: Path) -> int:
 
 
 def beside(run_dir: Path) -> Path | None:
-    folder = run_dir / FOLDER
-    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+    return folder_holding(run_dir, FOLDER, matches)
 
 
 def decoded(entry: Any, path: Path, name: str) -> np.ndarray:

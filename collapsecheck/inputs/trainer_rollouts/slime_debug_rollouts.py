@@ -32,7 +32,12 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.safe_load import load_torch
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require
+from collapsecheck.inputs.trainer_rollouts.base import (
+    TrainerRollouts,
+    folder_holding,
+    number,
+    require,
+)
 
 TRAINER = "slime"
 NAME = re.compile(r"(?P<prefix>[A-Za-z_.-]*?)(?P<eval>eval_)?(?P<id>\d+)\.pt")
@@ -66,8 +71,7 @@ def policy_step(path: Path) -> int:
 
 def beside(run_dir: Path) -> Path | None:
     """`rollout_data/` of `--dump-details DIR`, when the run directory is that DIR."""
-    folder = run_dir / FOLDER
-    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+    return folder_holding(run_dir, FOLDER, matches)
 
 
 def samples_of(path: Path) -> list[Any]:

@@ -24,7 +24,12 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import read_parquet_rows
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, number, require
+from collapsecheck.inputs.trainer_rollouts.base import (
+    TrainerRollouts,
+    folder_holding,
+    number,
+    require,
+)
 
 TRAINER = "trl"
 NAME = re.compile(r"completions_(\d+)\.parquet")
@@ -49,8 +54,7 @@ def policy_step(path: Path) -> int:
 
 def beside(run_dir: Path) -> Path | None:
     """The folder of completions TRL keeps in its output_dir, if the run has one."""
-    folder = run_dir / FOLDER
-    return folder if folder.is_dir() and any(matches(p) for p in folder.iterdir()) else None
+    return folder_holding(run_dir, FOLDER, matches)
 
 
 def completion_text(value: Any, where: str) -> str:

@@ -404,6 +404,26 @@ def write_areal(groups: list[Group], tokenizer, folder: Path) -> None:
                 stream.write(json.dumps(line, ensure_ascii=False) + "\n")
 
 
+def write_areal_text(groups: list[Group], tokenizer, folder: Path) -> None:
+    """AReaL v0.5.1 (areal/workflow/rlvr.py arun_episode, dump_dir = the log folder's
+    `generated/`): `generated/{version}/{qid}.txt`, a colored three-part record per sample,
+    appended; version 2, the question's `id` as qid."""
+    out = folder / "generated" / "2"
+    out.mkdir(parents=True)
+    yellow_dim, reset = "\x1b[33m" + "\x1b[2m", "\x1b[0m"  # colorama Fore.YELLOW + Style.DIM
+    for g, group in enumerate(groups):
+        prompt = tokenizer.decode(group.ids)
+        with open(out / f"grid-{g}.txt", "a") as stream:
+            for i, response in enumerate(group.responses):
+                info = "\n".join([
+                    f"idx: {i + 1} / {K}, seqlen: {len(group.ids) + len(response.ids)}, "
+                    f"reward is {response.reward}.",
+                    f"prompt is \n{yellow_dim}{prompt}{reset}",
+                    f"sequence is: \n{yellow_dim}{tokenizer.decode(response.ids)}{reset}",
+                ])  # fmt: skip
+                stream.write(info + "\n")
+
+
 def main() -> None:
     groups, tokenizer = sample_batch()
     written = (
@@ -426,6 +446,7 @@ def main() -> None:
     write_areal(groups, tokenizer, OUT / "areal")
     write_roll_agentic(groups, tokenizer, OUT / "roll-agentic")
     write_verl_agent(groups, tokenizer, OUT / "verl-agent")
+    write_areal_text(groups, tokenizer, OUT / "areal-0.5")
     (OUT / "batch.json").write_text(json.dumps(
         [{"ids": g.ids, "responses": [r.ids for r in g.responses]} for g in groups]
     ))  # fmt: skip

@@ -383,3 +383,19 @@ def test_scan_run_with_areals_version_folders_pairs_version_v_with_step_v_minus_
         for s in steps
     ]
     assert paired == [(4, 3, 0), (5, 4, 0)]
+
+
+def test_areals_older_text_dumps_are_read_record_by_record(tmp_path, model):
+    folder = DUMPS / "areal-0.5" / "generated" / "2"
+    result = score(folder, "-c", HEALTHY, "--dump", tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert (
+        "AReaL generated of version 2 (text dumps, before v0.5.2): 24 samples of 6 prompts" in said
+    )
+    sampled_exactly(*check_against_plain_forward(tmp_path, model))
+    broken = tmp_path / "generated" / "2"
+    broken.mkdir(parents=True)
+    (broken / "q.txt").write_text((folder / "grid-0.txt").read_text()[:-40])
+    cut = score(broken, "-c", HEALTHY)
+    assert cut.returncode == 2 and "not an AReaL record" in cut.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from collapsecheck.inputs.trainer_rollouts import (
+    areal_generated_text,
     areal_trajectories,
     prime_rl_traces,
     ragen_trajectories,
@@ -34,6 +35,7 @@ READERS = (
     prime_rl_traces,
     roll_dumps,
     areal_trajectories,
+    areal_generated_text,
 )
 
 __all__ = [

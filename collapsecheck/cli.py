@@ -400,9 +400,11 @@ DryRun = Annotated[
 Rollouts = Annotated[
     Path | None,
     typer.Option(
-        help="A run's rollouts, as its trainer wrote them (veRL's rollout_data_dir; TRL's "
-        "completions/ is found in its output_dir): each step's scored under the checkpoint "
-        "that sampled it, with no sampling. Used by default where a run holds them.",
+        help="A run's rollouts, as its trainer wrote them (veRL's rollout_data_dir, ROLL's "
+        "rollout_dump_dir, AReaL's rollout/, ...; TRL's completions/, slime's rollout_data/, "
+        "SkyRL's dumped_evals/ and prime-rl's rollouts/ are found in the run directory): each "
+        "step's scored under the checkpoint that sampled it, with no sampling. Used by default "
+        "where a run holds them.",
         rich_help_panel="Where the traces come from",
     ),
 ]
@@ -430,7 +432,11 @@ Ray = Annotated[
 ]
 
 ScoreRollouts = Annotated[
-    Path, typer.Argument(help="Rollouts (JSONL or parquet), or a --dump directory.")
+    Path,
+    typer.Argument(
+        help="Rollouts (JSONL or parquet), a trainer's own dump file or step folder (TRL, "
+        "veRL, slime, SkyRL, AReaL, ROLL, prime-rl, RAGEN), or a --dump directory."
+    ),
 ]
 
 ScoreCheckpoint = Annotated[

@@ -101,3 +101,25 @@ def test_veRLs_merger_lora_folder_reads_base_plus_adapter():
     reference = peft_merged(merged / "lora_adapter", base=merged)
     for path in (merged, merged / "lora_adapter"):  # the adapter folder finds its base above
         assert largest_difference(weights(path), reference) < 1e-6
+
+
+@pytest.mark.parametrize("layout", ["skyrl", "verl-agent"])
+def test_the_same_shards_in_skyrls_and_verl_agents_folders(tmp_path, layout):
+    """SkyRL's `global_step_N/policy/` holds veRL's shards with `huggingface/` (its FSDP
+    strategy's save_checkpoint); verl-agent's older veRL puts config and tokenizer beside the
+    shards, no `huggingface/`. Both read as veRL's merger reads them, bit for bit."""
+    import shutil
+
+    if layout == "skyrl":
+        folder = tmp_path / "global_step_1"
+        shutil.copytree(actor("fsdp2"), folder / "policy")
+    else:
+        folder = tmp_path / "global_step_1" / "actor"
+        shutil.copytree(actor("fsdp2"), folder)
+        for file in (folder / "huggingface").iterdir():
+            file.rename(folder / file.name)
+        (folder / "huggingface").rmdir()
+    checkpoint = require_checkpoint(folder)
+    assert checkpoint.kind == "verl-fsdp"
+    reference = hf_weights(VERL / "fsdp2" / "merged", torch.bfloat16)
+    assert largest_difference(weights(folder, torch.bfloat16), reference) == 0.0

@@ -1,7 +1,10 @@
 """veRL FSDP actor checkpoints: `model_world_size_W_rank_R.pt` shards beside
 `huggingface/config.json` (in the folder or its `actor/`), merged in memory. Older veRL (the
 one verl-agent ships) saves the config and tokenizer beside the shards, with no
-`huggingface/`: read from there.
+`huggingface/`: read from there. SkyRL's `global_step_N/policy/` holds the same shards (its
+FSDP strategy's `save_checkpoint` torch.saves each rank's FSDP2 state dict under the same
+names, skyrl/backends/skyrl_train/distributed/fsdp_strategy.py at SkyRL a956457) with
+`huggingface/`: read alike.
 
 Each shard is one rank's state dict. Its values are DTensors (FSDP2) whose placements say how
 to merge them, one per mesh dimension (Shard(d): concatenate along d in mesh order;
@@ -37,7 +40,7 @@ KIND = "verl-fsdp"
 SHARD_NAME = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
 SHARD_PATTERN = "model_world_size_W_rank_R.pt"
 EXPECTED = f"veRL {SHARD_PATTERN} shards with huggingface/config.json"
-LOCATIONS = (".", "actor")
+LOCATIONS = (".", "actor", "policy")  # policy/: SkyRL's global_step_N/
 LORA_META = "lora_train_meta.json"  # a LoRA run's {"r", "lora_alpha", "task_type"}
 PEFT_PREFIX = "base_model.model."
 LORA_A, LORA_B = ".lora_A.default.weight", ".lora_B.default.weight"

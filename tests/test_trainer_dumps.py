@@ -243,7 +243,7 @@ def test_prime_rls_all_subset_leaves_errored_episodes_out_and_groups_interleaved
         groups.setdefault(row["group"], set()).add(tuple(row["prompt_ids"]))
     assert len(groups) == len(BATCH) and all(len(ids) == 1 for ids in groups.values())
     (found,) = rollout_files(DUMPS / "prime-rl" / "rollouts")
-    assert (found.step, found.policy_step, found.trainer) == (5, 4, "prime-rl")
+    assert (found.step, found.policy_step, found.trainer) == (5, 3, "prime-rl")  # started at v3
 
 
 # -- their checkpoints -----------------------------------------------------------------------
@@ -357,15 +357,16 @@ def scan_run(*args):
 
 def test_scan_run_finds_prime_rls_rollouts_beside_and_pairs_each_step(tmp_path):
     run = tmp_path / "run"
-    (run / "step_4").parent.mkdir()
-    (run / "step_4").symlink_to(HEALTHY, target_is_directory=True)
+    run.mkdir()
+    for step in (3, 4):  # the samples of step 5 started under version 3: checkpoint step_3
+        (run / f"step_{step}").symlink_to(HEALTHY, target_is_directory=True)
     shutil.copytree(DUMPS / "prime-rl" / "rollouts", run / "rollouts")
     result = scan_run(run, "--json", tmp_path / "run.json")
     assert result.returncode == 0, result.stderr
     said = " ".join((result.stdout + result.stderr).split())
     assert "the trainer's own rollouts (prime-rl" in said
     (step,) = json.loads((tmp_path / "run.json").read_text())["steps"]
-    assert step["rollouts"]["checkpoint"] == "step_4" and step["rollouts"]["gap"] == 0
+    assert step["rollouts"]["checkpoint"] == "step_3" and step["rollouts"]["gap"] == 0
 
 
 def test_scan_run_with_areals_version_folders_pairs_version_v_with_step_v_minus_one(tmp_path):

@@ -17,13 +17,17 @@ node's context is every token before its first trainable one, its response the t
 its last; a trace with several sampled nodes is a multi-turn rollout, scored turn by turn.
 Errored episodes and traces of agents that are not trainable are left out, counted.
 
-Which weights: version v is the policy after v optimizer steps; a step's batch is shipped once
-the policy is at least two versions behind it, so step N's rollouts come from about v(N-2) to
-v(N-1): paired with checkpoint N - 1, and the note gives the versions each sample recorded
-and how many spanned more than one (weights updated while it was sampled)."""
+Which weights: version v is the policy after v optimizer steps (the checkpoint `step_v`); a
+step's batch is shipped once the policy is at most two versions behind it, so step N's
+rollouts come from about v(N-2) to v(N-1), and an evaluation at step N from older ones. Each
+episode records the versions it was sampled under (`run.work.policy`): a step pairs with the
+version most of its episodes started under (N - 1 where none is recorded), and the note gives
+the versions and how many episodes spanned more than one (weights updated while sampling)."""
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -71,8 +75,28 @@ def step_of(path: Path) -> int:
 
 
 def policy_step(path: Path) -> int:
-    """Checkpoint N - 1 (module docstring; the note gives each sample's versions)."""
-    return step_of(path) - 1
+    """The policy version most of the step's samples started under (version v: the weights
+    after v steps, saved as `step_v`); N - 1 where they record none."""
+    file = traces_file(path)
+    stat = file.stat()
+    recorded = start_versions(file, stat.st_size, stat.st_mtime_ns)
+    return recorded.most_common(1)[0][0] if recorded else step_of(path) - 1
+
+
+@functools.lru_cache(maxsize=64)
+def start_versions(file: Path, size: int, modified: int) -> Counter:
+    """How many episodes started under each policy version (read once per file state: a
+    watch lists the steps at every look)."""
+    starts: Counter = Counter()
+    for line in file.read_text(encoding="utf-8").splitlines():
+        try:
+            episode = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written; read() names a malformed one
+        policy = ((episode.get("run") or {}).get("work") or {}).get("policy")
+        if isinstance(policy, dict) and isinstance(policy.get("start"), int):
+            starts[policy["start"]] += 1
+    return starts
 
 
 def beside(run_dir: Path) -> Path | None:

@@ -40,7 +40,8 @@ from collapsecheck.inputs.trainer_rollouts.base import (
 )
 
 TRAINER = "slime"
-NAME = re.compile(r"(?P<prefix>[A-Za-z_.-]*?)(?P<eval>eval_)?(?P<id>\d+)\.pt")
+# the rollout id: the last number in the name, `eval_` before it in an evaluation dump
+ROLLOUT_ID = re.compile(r"(?P<eval>eval_)?(?P<id>\d+)(?!.*\d)")
 FOLDER = "rollout_data"  # --dump-details DIR writes DIR/rollout_data/{rollout_id}.pt
 FIELDS = ("prompt", "tokens", "response_length", "status")
 KEPT = ("completed", "truncated")  # aborted and failed samples are not trained on
@@ -48,25 +49,32 @@ ROW_KEYS = {"prompt", "prompt_ids", "response_ids", "truncated", "group"}
 
 
 def matches(path: Path) -> bool:
-    return path.is_file() and NAME.fullmatch(path.name) is not None and zipfile.is_zipfile(path)
+    """A `torch.save` file (`read` says so when it is not slime's)."""
+    return path.is_file() and path.suffix == ".pt" and zipfile.is_zipfile(path)
 
 
-def rollout_id(path: Path) -> int:
-    return int(NAME.fullmatch(path.name).group("id"))
+def rollout_id(path: Path) -> int | None:
+    found = ROLLOUT_ID.search(path.stem)
+    return int(found.group("id")) if found else None
 
 
 def is_evaluation(path: Path) -> bool:
-    return NAME.fullmatch(path.name).group("eval") is not None
+    found = ROLLOUT_ID.search(path.stem)
+    return found is not None and found.group("eval") is not None
 
 
 def step_of(path: Path) -> int | None:
-    """The rollout id of a training dump; None for an evaluation dump (no training step)."""
+    """The rollout id of a training dump; None for an evaluation dump (no training step) or a
+    name without the id."""
     return None if is_evaluation(path) else rollout_id(path)
 
 
-def policy_step(path: Path) -> int:
+def policy_step(path: Path) -> int | None:
     """The `iter_N` whose weights sampled the file (module docstring)."""
-    return rollout_id(path) if is_evaluation(path) else rollout_id(path) - 1
+    rollout = rollout_id(path)
+    if rollout is None:
+        return None
+    return rollout if is_evaluation(path) else rollout - 1
 
 
 def beside(run_dir: Path) -> Path | None:
@@ -141,9 +149,16 @@ def read(path: Path) -> TrainerRollouts:
     if not rows:
         raise CollapsecheckError(f"{path}: no completed or truncated samples")
     kind = "evaluation" if is_evaluation(path) else "rollout"
+    sampled_by = policy_step(path)
+    by = (
+        f"iter_{sampled_by}"
+        if sampled_by is not None
+        else "the iteration before (no id in the name)"
+    )
     notes = [
-        f"slime {kind} {rollout_id(path)}: {len(rows)} samples, scored as the token ids slime "
-        f"sampled (prompt and response), sampled by the weights of iter_{policy_step(path)}"
+        f"slime {kind} {rollout_id(path) if rollout_id(path) is not None else path.name}: "
+        f"{len(rows)} samples, scored as the token ids slime sampled (prompt and response), "
+        f"sampled by the weights of {by}"
     ]
     if left_out:
         counted = ", ".join(f"{n} {status}" for status, n in sorted(left_out.items()))

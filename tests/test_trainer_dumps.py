@@ -400,3 +400,14 @@ def test_areals_older_text_dumps_are_read_record_by_record(tmp_path, model):
     (broken / "q.txt").write_text((folder / "grid-0.txt").read_text()[:-40])
     cut = score(broken, "-c", HEALTHY)
     assert cut.returncode == 2 and "not an AReaL record" in cut.stderr
+
+
+def test_areal_samples_whose_head_version_is_set_and_older_are_counted(tmp_path):
+    folder = tmp_path / "rollout" / "6"
+    folder.mkdir(parents=True)
+    lines = (AREAL / "5" / "1.jsonl").read_text().splitlines()
+    rows = [json.loads(line) | {"head_version": head, "tail_version": 6}
+            for line, head in zip(lines, [5, -1, 6, 5], strict=True)]  # fmt: skip
+    (folder / "0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = trainer_rollouts(folder)
+    assert read.notes[1].startswith("2 sample(s) record tokens of an older version than 6")

@@ -85,27 +85,34 @@ def sample_row(row: dict[str, Any], where: str) -> dict[str, Any]:
         "response": text(row["completion"], where, "completion"),
         "reward": number(row["reward"], where, "reward"),
         "group": prompt,
-        "spanned": 0 <= row["head_version"] != row["tail_version"],
     }
+
+
+def spanned(row: dict[str, Any]) -> bool:
+    """The sample records tokens of an older version than its newest (AReaL's own workflows
+    write -1, the prompt's, as the oldest: never counted)."""
+    head, tail = row.get("head_version"), row.get("tail_version")
+    return isinstance(head, int) and isinstance(tail, int) and 0 <= head < tail
 
 
 def read(path: Path) -> TrainerRollouts:
     files = [path] if path.is_file() else sorted(path.glob("*.jsonl"))
-    rows = [
-        (where, sample_row(row, where), line)
+    raw = [
+        numbered
         for file in files
-        for where, row, line in jsonl_rows(file, file.read_text(encoding="utf-8").splitlines())
+        for numbered in jsonl_rows(file, file.read_text(encoding="utf-8").splitlines())
     ]
+    rows = [(where, sample_row(row, where), line) for where, row, line in raw]
     if not rows:
         raise CollapsecheckError(f"{path}: no samples")
-    spanned = sum(row.pop("spanned") for _, row, _ in rows)
+    older = sum(spanned(row) for _, row, _ in raw)
     kind = version_folder(path).parent.name
     notes = [
         f"AReaL {kind} of version {version(path)}: {len(rows)} samples of "
         f"{len({r['group'] for _, r, _ in rows})} prompts, each prompt scored as the context "
         "AReaL decoded (special tokens kept), paired with the checkpoint of step "
         f"{policy_step(path)}",
-        f"{spanned} sample(s) record tokens of an older version than {version(path)} "
+        f"{older} sample(s) record tokens of an older version than {version(path)} "
         "(head_version); AReaL writes -1 there for in-tree workflows, so a sample whose "
         "generation a weight update interrupted cannot be told apart: the share of samples no "
         "single checkpoint sampled is unknown",

@@ -411,3 +411,13 @@ def test_areal_samples_whose_head_version_is_set_and_older_are_counted(tmp_path)
     (folder / "0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     read = trainer_rollouts(folder)
     assert read.notes[1].startswith("2 sample(s) record tokens of an older version than 6")
+
+
+def test_a_run_holding_two_rollout_folders_reads_one_and_names_the_other(tmp_path):
+    from collapsecheck.runs.pairing import find_run_rollouts
+
+    shutil.copytree(SKYRL_EVALS, tmp_path / "dumped_evals")
+    shutil.copytree(SKYRL_BATCHES, tmp_path / "dumped_data")
+    found = find_run_rollouts(tmp_path, None)
+    assert found.folder == tmp_path / "dumped_evals" and found.others == (tmp_path / "dumped_data",)
+    assert f"also in the run, not read: {tmp_path / 'dumped_data'}" in found.describe()

@@ -29,6 +29,7 @@ class RunRollouts:
 
     folder: Path
     files: list[RolloutFile]
+    others: tuple[Path, ...] = ()  # other trainer rollout folders in the run, not read
 
     @property
     def trainers(self) -> set[str]:
@@ -36,15 +37,21 @@ class RunRollouts:
 
     def describe(self) -> str:
         names = ", ".join(sorted(TRAINERS.get(t, t) for t in self.trainers))
-        return f"the trainer's own rollouts ({names}, {self.folder}), not sampled again"
+        said = f"the trainer's own rollouts ({names}, {self.folder}), not sampled again"
+        if self.others:
+            listed = ", ".join(str(o) for o in self.others)
+            said += f"; also in the run, not read: {listed} (--rollouts DIR reads one)"
+        return said
 
 
 def find_run_rollouts(run_dir: Path, rollouts: Path | None) -> RunRollouts | None:
     """The rollouts of a run: those in `rollouts` (--rollouts DIR, which must hold some),
     else those its trainer keeps beside its checkpoints, else None."""
     if rollouts is None:
-        folder = rollouts_beside(run_dir)
-        return None if folder is None else RunRollouts(folder, rollout_files(folder))
+        found = rollouts_beside(run_dir)
+        if not found:
+            return None
+        return RunRollouts(found[0], rollout_files(found[0]), tuple(found[1:]))
     if not rollouts.is_dir():
         raise CollapsecheckError(f"--rollouts {rollouts}: not a folder")
     files = rollout_files(rollouts)

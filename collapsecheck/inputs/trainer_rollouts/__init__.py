@@ -89,6 +89,7 @@ def rollout_files(folder: Path) -> list[RolloutFile]:
     return sorted(found, key=lambda f: f.step)
 
 
-def rollouts_beside(run_dir: Path) -> Path | None:
-    """The folder where a trainer keeps its rollouts inside its run directory, if any."""
-    return next((f for r in READERS if (f := r.beside(run_dir)) is not None), None)
+def rollouts_beside(run_dir: Path) -> list[Path]:
+    """The folders where trainers keep their rollouts inside this run directory (SkyRL: its
+    evaluations and its training batches), in the order of READERS."""
+    return [folder for reader in READERS if (folder := reader.beside(run_dir)) is not None]

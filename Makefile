@@ -165,9 +165,12 @@ clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
 
 # other trainers' rollout dumps, written as each trainer's writer writes them (tests/fixtures/
-# trainer-dumps/); SkyRL's training-batch pickles by SkyRL's own class, from its wheels
+# trainer-dumps/); slime's by slime's own Sample and save_debug_rollout_data (from a git copy
+# of THUDM/slime: SLIME_REPO), SkyRL's training-batch pickles by SkyRL's own class (its wheels)
+SLIME_REPO ?= ../slime
 trainer-dumps: $(STAMP)
 	$(PY) scripts/make_trainer_dumps.py
+	$(PY) scripts/make_slime_rollouts.py --slime-repo $(SLIME_REPO)
 SKYRL_VENV ?= /tmp/skyrl-venv
 skyrl-batches:
 	python3 -m venv $(SKYRL_VENV)

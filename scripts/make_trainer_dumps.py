@@ -1,7 +1,9 @@
 """Write the rollout dumps of trainers that do not install here, for
 tests/fixtures/trainer-dumps/ (`make trainer-dumps`): each file is what that trainer's own
 writer makes of one batch, following its source line by line (file and commit named at each
-writer; docs/formats.md says what each holds).
+writer; docs/formats.md says what each holds). slime's and SkyRL's training batches are
+written by their own code instead (scripts/make_slime_rollouts.py,
+scripts/make_skyrl_batches.py), from the batch.json this script writes.
 
 The batch is real: the gridworld prompts rendered with the demo policy's chat template
 (examples/demo-run/global_step_100), K responses each sampled from that policy, scored with
@@ -16,8 +18,6 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -76,61 +76,6 @@ def sample_batch() -> tuple[list[Group], object]:
             )
         )
     return groups, backend.tokenizer
-
-
-# -- slime: THUDM/slime 624b824, slime/observability/rollout_data_utils.py
-#    save_debug_rollout_data, Sample.to_dict in slime/utils/types.py --------------------------
-
-
-def slime_sample(group: Group, group_index: int, index: int, response: Response, reward) -> dict:
-    """`Sample.to_dict()`: the dataclass's __dict__, status as its value, spec_info and
-    prefix_cache_info as dicts (the defaults of fields a text rollout leaves unset)."""
-    return {
-        "group_index": group_index, "index": index, "rollout_id": None,
-        "prompt": group.text,  # --apply-chat-template: the rendered text
-        "tokens": group.ids + response.ids, "multimodal_inputs": None,
-        "multimodal_train_inputs": None, "multimodal_train_input_id": None,
-        "apply_chat_template_kwargs": {}, "response": response.text,
-        "response_length": len(response.ids), "label": group.ground_truth, "reward": reward,
-        "loss_mask": [1] * len(response.ids), "weight_versions": ["1"],
-        "rollout_log_probs": [0.0] * len(response.ids), "rollout_top_p_token_ids": None,
-        "rollout_top_p_token_offsets": None, "rollout_routed_experts": None,
-        "remove_sample": False, "teacher_log_probs": None,
-        "status": "completed" if response.stopped else "truncated",
-        "metadata": {}, "generate_function_path": None, "custom_rm_path": None,
-        "train_metadata": None, "session_id": f"session-{group_index}-{index}",
-        "non_generation_time": 0.0,
-        "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0,
-                      "spec_verify_ct": 0, "completion_token_num": 0},
-        "prefix_cache_info": {"cached_tokens": 0, "total_prompt_tokens": 0},
-    }  # fmt: skip
-
-
-def write_slime(groups: list[Group], folder: Path) -> None:
-    """`--dump-details DIR` -> DIR/rollout_data/{rollout_id}.pt: rollout 3 (a number reward),
-    the evaluation after it (`eval_3`), and rollout 4 with the dapo reward model's dict
-    ({score, acc, pred}) and one aborted sample."""
-    out = folder / "rollout_data"
-    out.mkdir(parents=True)
-
-    def samples(dict_reward: bool) -> list[dict]:
-        rows = []
-        for g, group in enumerate(groups):
-            for r, response in enumerate(group.responses):
-                reward = response.reward
-                if dict_reward:
-                    reward = {"score": 2 * reward - 1, "acc": reward > 0, "pred": "up"}
-                rows.append(slime_sample(group, g, g * K + r, response, reward))
-        return rows
-
-    torch.save({"rollout_id": 3, "samples": samples(False)}, out / "3.pt")
-    evaluation = samples(False)
-    for sample in evaluation:
-        sample["group_index"] = None  # evaluation samples carry none
-    torch.save({"rollout_id": 3, "samples": evaluation}, out / "eval_3.pt")
-    dapo = samples(True)
-    dapo[1]["status"] = "aborted"
-    torch.save({"rollout_id": 4, "samples": dapo}, out / "4.pt")
 
 
 # -- SkyRL: NovaSky-AI/SkyRL a956457, skyrl/train/utils/trainer_utils.py
@@ -427,7 +372,6 @@ def write_areal_text(groups: list[Group], tokenizer, folder: Path) -> None:
 def main() -> None:
     groups, tokenizer = sample_batch()
     written = (
-        "slime",
         "skyrl/dumped_evals",
         "ragen",
         "prime-rl",
@@ -435,10 +379,10 @@ def main() -> None:
         "areal",
         "roll-agentic",
         "verl-agent",
+        "areal-0.5",
     )
-    for folder in written:  # SkyRL's pickles come from make_skyrl_batches.py
+    for folder in written:  # slime's and SkyRL's pickles: their own scripts, by their code
         shutil.rmtree(OUT / folder, ignore_errors=True)
-    write_slime(groups, OUT / "slime")
     write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
     write_ragen(groups, tokenizer, OUT / "ragen")
     write_prime_rl(groups, tokenizer, OUT / "prime-rl")

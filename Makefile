@@ -171,6 +171,7 @@ SLIME_REPO ?= ../slime
 trainer-dumps: $(STAMP)
 	$(PY) scripts/make_trainer_dumps.py
 	$(PY) scripts/make_slime_rollouts.py --slime-repo $(SLIME_REPO)
+	@echo "AReaL's dumps: scripts/make_areal_rollouts.py, in its own venv (see its docstring)"
 SKYRL_VENV ?= /tmp/skyrl-venv
 skyrl-batches:
 	python3 -m venv $(SKYRL_VENV)

@@ -1,9 +1,10 @@
 """Write the rollout dumps of trainers that do not install here, for
 tests/fixtures/trainer-dumps/ (`make trainer-dumps`): each file is what that trainer's own
 writer makes of one batch, following its source line by line (file and commit named at each
-writer; docs/formats.md says what each holds). slime's and SkyRL's training batches are
-written by their own code instead (scripts/make_slime_rollouts.py,
-scripts/make_skyrl_batches.py), from the batch.json this script writes.
+writer; docs/formats.md says what each holds). slime's, AReaL's and SkyRL's training batches
+are written by their own code instead (scripts/make_slime_rollouts.py,
+scripts/make_areal_rollouts.py, scripts/make_skyrl_batches.py), from the batch.json this
+script writes.
 
 The batch is real: the gridworld prompts rendered with the demo policy's chat template
 (examples/demo-run/global_step_100), K responses each sampled from that policy, scored with
@@ -325,28 +326,7 @@ def write_verl_agent(groups: list[Group], tokenizer, folder: Path) -> None:
     (folder / "3.jsonl").write_text(text, encoding="utf-8")
 
 
-# -- AReaL: inclusionAI/AReaL 4aef98d, areal/infra/workflow_executor.py
-#    WorkflowExecutor._dump_trajectory (rollout.dump_to_file) -------------------------------
-
-
-def write_areal(groups: list[Group], tokenizer, folder: Path) -> None:
-    """`rollout/{tail_version}/{task_id}.jsonl`, appended a line per sample of a task's group:
-    versions 4 and 5 (the second half of the groups finished under 5); two rollout workers'
-    task ids both start at 0, so files 0.jsonl hold two prompts each."""
-    for g, group in enumerate(groups):
-        tail = 4 if g < 3 else 5
-        out = folder / "rollout" / str(tail)
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / f"{g % 2}.jsonl", "a", encoding="utf-8") as stream:
-            for i, response in enumerate(group.responses):
-                line = {
-                    "task_id": g % 2, "sample_idx": i,
-                    "seqlen": len(group.ids) + len(response.ids), "prompt_len": len(group.ids),
-                    "head_version": -1, "tail_version": tail, "reward": response.reward,
-                    "prompt": tokenizer.decode(group.ids, skip_special_tokens=False),
-                    "completion": tokenizer.decode(response.ids, skip_special_tokens=False),
-                }  # fmt: skip
-                stream.write(json.dumps(line, ensure_ascii=False) + "\n")
+# -- AReaL before v0.5.2 (its JSONL dumps: scripts/make_areal_rollouts.py, by AReaL's code) --
 
 
 def write_areal_text(groups: list[Group], tokenizer, folder: Path) -> None:
@@ -376,18 +356,16 @@ def main() -> None:
         "ragen",
         "prime-rl",
         "roll",
-        "areal",
         "roll-agentic",
         "verl-agent",
         "areal-0.5",
     )
-    for folder in written:  # slime's and SkyRL's pickles: their own scripts, by their code
+    for folder in written:  # slime's, AReaL's, SkyRL's pickles: their own scripts and code
         shutil.rmtree(OUT / folder, ignore_errors=True)
     write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
     write_ragen(groups, tokenizer, OUT / "ragen")
     write_prime_rl(groups, tokenizer, OUT / "prime-rl")
     write_roll(groups, tokenizer, OUT / "roll")
-    write_areal(groups, tokenizer, OUT / "areal")
     write_roll_agentic(groups, tokenizer, OUT / "roll-agentic")
     write_verl_agent(groups, tokenizer, OUT / "verl-agent")
     write_areal_text(groups, tokenizer, OUT / "areal-0.5")

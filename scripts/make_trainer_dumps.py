@@ -1,10 +1,10 @@
 """Write the rollout dumps of trainers that do not install here, for
 tests/fixtures/trainer-dumps/ (`make trainer-dumps`): each file is what that trainer's own
 writer makes of one batch, following its source line by line (file and commit named at each
-writer; docs/formats.md says what each holds). slime's, AReaL's and SkyRL's training batches
-are written by their own code instead (scripts/make_slime_rollouts.py,
-scripts/make_areal_rollouts.py, scripts/make_skyrl_batches.py), from the batch.json this
-script writes.
+writer; docs/formats.md says what each holds). slime's, AReaL's, prime-rl's and SkyRL's
+training batches are written by their own code instead (scripts/make_slime_rollouts.py,
+scripts/make_areal_rollouts.py, scripts/make_prime_rl_traces.py with verifiers' classes,
+scripts/make_skyrl_batches.py), from the batch.json this script writes.
 
 The batch is real: the gridworld prompts rendered with the demo policy's chat template
 (examples/demo-run/global_step_100), K responses each sampled from that policy, scored with
@@ -150,85 +150,6 @@ def response_text(response: Response, tokenizer) -> str:
     return tokenizer.decode(response.ids, skip_special_tokens=True)
 
 
-# -- prime-rl: PrimeIntellect-ai/prime-rl 559b447, src/prime_rl/monitors/file.py
-#    FileMonitor.log_episodes; the record is verifiers a60a606 v1 Episode.to_record()
-#    (model_dump(mode="json", exclude_none=True)) ------------------------------------------
-
-
-def message_nodes(group: Group, response: Response, tokenizer) -> list[dict]:
-    """The trace's graph, one branch: each prompt message's own tokens (the rendering of the
-    messages so far, less the rendering before), then the assistant's node: the generation
-    prompt's scaffold (mask 0) and the sampled tokens (mask 1)."""
-
-    def rendered(messages, generation):
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation, tokenize=False
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    nodes, before = [], []
-    for i, message in enumerate(group.messages):
-        ids = rendered(group.messages[: i + 1], False)
-        node = {"message": message, "sampled": False, "timestamp": 1764064800.0 + i,
-                "token_ids": ids[len(before):], "mask": [False] * (len(ids) - len(before)),
-                "is_content": True}  # fmt: skip
-        nodes.append(node | ({"parent": i - 1} if i else {}))
-        before = ids
-    scaffold = rendered(group.messages, True)[len(before) :]
-    assert before + scaffold == group.ids
-    nodes.append({
-        "parent": len(nodes) - 1,
-        "message": {"role": "assistant", "content": response_text(response, tokenizer)},
-        "sampled": True, "timestamp": 1764064810.0,
-        "token_ids": scaffold + response.ids,
-        "mask": [False] * len(scaffold) + [True] * len(response.ids),
-        "is_content": True, "logprobs": [-0.5] * len(response.ids),
-    })  # fmt: skip
-    return nodes
-
-
-def prime_episode(group: Group, g: int, r: int, response: Response, tokenizer, policy) -> dict:
-    data = {"idx": g, "prompt": group.messages, "answer": group.ground_truth}
-    task = {"type": "gridworld", "data": data, "key": f"gridworld/{g}", "hash": f"{g:016x}"}
-    trace = {
-        "version": 1, "id": f"{g:04x}{r:04x}" * 4, "verifiers": {"version": "0.4.1"},
-        "task": task, "agent": {"config": {}, "name": "policy", "trainable": True},
-        "tools": [], "nodes": message_nodes(group, response, tokenizer),
-        "calls": [{"node": len(group.messages), "model": "policy",
-                   "finish_reason": "stop" if response.stopped else "length"}],
-        "rewards": {"correct": {"score": response.reward, "weight": 1.0},
-                    "format": {"score": None, "weight": 0.2}},
-        "metrics": {}, "info": {}, "is_completed": True, "ok": True, "errors": [],
-        "timing": {"start": 0.0, "agent": 1.0, "scoring": 0.1},
-    }  # fmt: skip
-    return {
-        "id": f"e{g:03d}{r:03d}", "env": {"id": "gridworld", "name": "gridworld"}, "task": task,
-        "group": {"id": f"group-{g:02d}"},
-        "run": {"type": "train", "id": "run-1", "name": "grid",
-                "work": {"type": "train", "step": 5, "policy": policy}},
-        "ok": True, "errors": [], "traces": [trace],
-    }  # fmt: skip
-
-
-def write_prime_rl(groups: list[Group], tokenizer, folder: Path) -> None:
-    """`rollouts/step_5/train/{all,effective}/traces.jsonl`: every episode in `all` in the
-    order it completed (groups interleaved), one errored episode more; the shipped ones in
-    `effective`. Sampled under v3, one episode spanning v3 to v4."""
-    episodes = []
-    for g, group in enumerate(groups):
-        for r, response in enumerate(group.responses):
-            policy = {"start": 3, "end": 4 if (g, r) == (2, 1) else 3}
-            episodes.append(prime_episode(group, g, r, response, tokenizer, policy))
-    completed = sorted(episodes, key=lambda e: (e["id"][-1], e["id"]))  # interleaved groups
-    errored = dict(completed[0], id="e999999", ok=False, traces=[],
-                   errors=[{"type": "TimeoutError", "message": "sandbox timed out"}])  # fmt: skip
-    step = folder / "rollouts" / "step_5" / "train"
-    for subset, written in (("all", [*completed, errored]), ("effective", episodes)):
-        (step / subset).mkdir(parents=True)
-        text = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in written)
-        (step / subset / "traces.jsonl").write_text(text, encoding="utf-8")
-
-
 # -- ROLL: alibaba/ROLL, roll/pipeline/rlvr/utils.py dump_rollout_to_specific_path and
 #    write_to_json_process (rollout_dump_dir, an absolute path) ------------------------------
 
@@ -354,17 +275,15 @@ def main() -> None:
     written = (
         "skyrl/dumped_evals",
         "ragen",
-        "prime-rl",
         "roll",
         "roll-agentic",
         "verl-agent",
         "areal-0.5",
     )
-    for folder in written:  # slime's, AReaL's, SkyRL's pickles: their own scripts and code
+    for folder in written:  # the others: their own scripts, by the trainers' own code
         shutil.rmtree(OUT / folder, ignore_errors=True)
     write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
     write_ragen(groups, tokenizer, OUT / "ragen")
-    write_prime_rl(groups, tokenizer, OUT / "prime-rl")
     write_roll(groups, tokenizer, OUT / "roll")
     write_roll_agentic(groups, tokenizer, OUT / "roll-agentic")
     write_verl_agent(groups, tokenizer, OUT / "verl-agent")

@@ -51,6 +51,11 @@ POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
 PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
 BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
 OUT = ROOT / "tests" / "fixtures" / "trainer-dumps" / "slime"
+# a vision run: make_trainer_dumps.py's scan of the vision demo policy, its images' files
+VISION_BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch-vision.json"
+VISION_POLICY = ROOT / "examples" / "checkpoints" / "vision" / "grounded"
+VISION_PROMPTS = ROOT / "examples" / "prompts" / "visual-gridworld.jsonl"
+VISION_OUT = ROOT / "tests" / "fixtures" / "trainer-dumps" / "slime-vision"
 DEFAULT_REPO = "/work/.mirror/THUDM+slime/repo"
 EVAL_DATASET = "gridworld"
 WEIGHT_VERSION = "1"
@@ -160,6 +165,37 @@ def make_samples(Sample, groups, *, evaluation: bool, dict_reward: bool) -> list
     return samples
 
 
+def vision_samples(Sample, compute_score) -> list:
+    """A vision run's samples as slime's rollout leaves them: `tokens` with each image's tokens
+    as the processor expanded them, `multimodal_inputs` the raw PIL images (slime keeps them
+    so; its processor outputs, `multimodal_train_inputs`, are left out here)."""
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(VISION_POLICY))
+    rows = [json.loads(line) for line in VISION_PROMPTS.read_text().splitlines() if line.strip()]
+    samples = []
+    batch = json.loads(VISION_BATCH.read_text())
+    for g, (group, row) in enumerate(zip(batch, rows[: len(batch)], strict=True)):
+        images = [Image.open(ROOT / path) for path in group["images"]]
+        for ids in group["responses"]:
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+            stopped = bool(ids) and ids[-1] == tokenizer.eos_token_id
+            samples.append(Sample(
+                group_index=g, index=len(samples),
+                prompt=tokenizer.decode(group["ids"], skip_special_tokens=False),
+                tokens=list(group["ids"]) + list(ids),
+                multimodal_inputs={"images": images, "videos": None},
+                response=text, response_length=len(ids), label=row["ground_truth"],
+                reward=compute_score("grid", text, row["ground_truth"]),
+                loss_mask=[1] * len(ids), weight_versions=[WEIGHT_VERSION],
+                rollout_log_probs=[0.0] * len(ids),
+                status=Sample.Status.COMPLETED if stopped else Sample.Status.TRUNCATED,
+                session_id=f"session-vision-{g}-{len(samples)}",
+            ))  # fmt: skip
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT, help="the --dump-details DIR")
@@ -201,6 +237,12 @@ def main() -> None:
         data = make_samples(Sample, groups, evaluation=False, dict_reward=True)
         data[1].status = Sample.Status.ABORTED
         save_debug_rollout_data(template, data, rollout_id=4, evaluation=False)
+
+        # a vision run's RolloutManager.generate(6)
+        shutil.rmtree(VISION_OUT / "rollout_data", ignore_errors=True)
+        data = vision_samples(Sample, compute_score)
+        vision_template = f"{VISION_OUT}/rollout_data/{{rollout_id}}.pt"
+        save_debug_rollout_data(vision_template, data, rollout_id=6, evaluation=False)
 
     print(f"wrote {args.out}/rollout_data with slime {commit[:12]}")
 

@@ -270,6 +270,39 @@ def write_areal_text(groups: list[Group], tokenizer, folder: Path) -> None:
                 stream.write(info + "\n")
 
 
+# -- a vision run's batch, for slime's vision dump (scripts/make_slime_rollouts.py) ----------
+
+VISION_POLICY = ROOT / "examples" / "checkpoints" / "vision" / "grounded"
+VISION_PROMPTS = ROOT / "examples" / "prompts" / "visual-gridworld.jsonl"
+VISION_SCAN = {"num_prompts": 4, "k": 2, "max_new_tokens": 24, "device": "cpu", "bootstrap": 50}
+
+
+def write_vision_batch(out: Path) -> None:
+    """A scan of the vision demo policy (VISION_SCAN), its prompts' ids with each image's
+    tokens as the processor expands them (the image token, not the scan's slot), the images'
+    files and the sampled ids: what a trainer's vision rollout holds."""
+    import tempfile
+
+    import collapsecheck
+
+    config = json.loads((VISION_POLICY / "config.json").read_text())
+    with tempfile.TemporaryDirectory() as dump:
+        collapsecheck.scan(VISION_POLICY, VISION_PROMPTS, dump=dump, **VISION_SCAN)
+        prompts = [
+            json.loads(line) for line in Path(dump, "prompts.jsonl").read_text().splitlines()
+        ]
+        traces = [json.loads(line) for line in Path(dump, "traces.jsonl").read_text().splitlines()]
+    stop = json.loads((VISION_POLICY / "generation_config.json").read_text())["eos_token_id"]
+    stop = stop[0] if isinstance(stop, list) else stop
+    batch = [{
+        "ids": [config["image_token_id"] if t < 0 else t for t in prompt["ids"]],
+        "images": [str(Path(i["source"]).resolve().relative_to(ROOT)) for i in prompt["images"]],
+        "responses": [t["response_ids"] + ([] if t["truncated"] else [stop])
+                      for t in traces if t["prompt_index"] == prompt["index"]],
+    } for prompt in prompts]  # fmt: skip
+    out.write_text(json.dumps(batch))
+
+
 def main() -> None:
     groups, tokenizer = sample_batch()
     written = (
@@ -288,6 +321,7 @@ def main() -> None:
     write_roll_agentic(groups, tokenizer, OUT / "roll-agentic")
     write_verl_agent(groups, tokenizer, OUT / "verl-agent")
     write_areal_text(groups, tokenizer, OUT / "areal-0.5")
+    write_vision_batch(OUT / "batch-vision.json")
     (OUT / "batch.json").write_text(json.dumps(
         [{"ids": g.ids, "responses": [r.ids for r in g.responses]} for g in groups]
     ))  # fmt: skip

@@ -421,3 +421,32 @@ def test_a_run_holding_two_rollout_folders_reads_one_and_names_the_other(tmp_pat
     found = find_run_rollouts(tmp_path, None)
     assert found.folder == tmp_path / "dumped_evals" and found.others == (tmp_path / "dumped_data",)
     assert f"also in the run, not read: {tmp_path / 'dumped_data'}" in found.describe()
+
+
+# -- a vision run's slime dump ---------------------------------------------------------------
+
+VISION_POLICY = ROOT / "examples" / "checkpoints" / "vision" / "grounded"
+
+
+def test_slimes_vision_dump_reads_its_images_and_scores_as_the_scan_that_sampled_it(tmp_path):
+    """The dump holds a scan's samples of the vision demo policy (make_trainer_dumps.py's
+    write_vision_batch), written by slime's own code with the raw PIL images: read as data,
+    each image's expanded tokens back in its slot, it scores exactly as that scan did."""
+    import collapsecheck
+
+    scanned, scored = tmp_path / "scan", tmp_path / "score"
+    collapsecheck.scan(
+        VISION_POLICY, ROOT / "examples" / "prompts" / "visual-gridworld.jsonl", dump=scanned,
+        num_prompts=4, k=2, max_new_tokens=24, device="cpu", bootstrap=50,
+    )  # fmt: skip
+    result = score(DUMPS / "slime-vision" / "rollout_data" / "6.pt", "-c", VISION_POLICY,
+                   "--dump", scored)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    ours = [json.loads(line) for line in (scored / "prompts.jsonl").open()]
+    theirs = [json.loads(line) for line in (scanned / "prompts.jsonl").open()]
+    assert [p["ids"] for p in ours] == [p["ids"] for p in theirs]
+    assert [[i["sha256"] for i in p["images"]] for p in ours] == [
+        [i["sha256"] for i in p["images"]] for p in theirs
+    ]  # the PNG made of the pickled pixels is the board's own file, byte for byte
+    with np.load(scored / "cross_logprobs.npz") as a, np.load(scanned / "cross_logprobs.npz") as b:
+        assert np.allclose(a["sum"], b["sum"], atol=1e-5, equal_nan=True)

@@ -356,6 +356,33 @@ def _with_images(
     return out
 
 
+def kept_ids_with_images(
+    ids: Sequence[int], images: Sequence[PromptImage], vision: Any, where: str
+) -> tuple[list[int], tuple[tuple[int, PromptImage], ...]]:
+    """A context a trainer kept as ids, with its images: each image's placeholder tokens (as
+    the trainer's processor expanded them, or one placeholder) hold the image's slot, checked
+    to be as many as this checkpoint's processor makes of that image."""
+    if vision is None:
+        raise CollapsecheckError(
+            f"{where}: the prompt holds images but the checkpoint is a text-only model"
+        )
+    collapsed, runs = [], []
+    for token in ids:
+        if token == vision.image_token_id and collapsed and collapsed[-1] == token:
+            runs[-1] += 1
+            continue
+        collapsed.append(token)
+        runs += [1] if token == vision.image_token_id else []
+    slotted = _slotted(list(images), vision)
+    for length, (_, image) in zip(runs, slotted, strict=False):
+        if length not in (1, vision.placeholders(image)):
+            raise CollapsecheckError(
+                f"{where}: an image has {length} tokens in the trainer's ids but "
+                f"{vision.placeholders(image)} by this checkpoint's processor"
+            )
+    return _with_images(collapsed, slotted, vision, where), slotted
+
+
 def render_prompts(
     prompts: list[Prompt], tokenizer: Any, settings: PromptSettings, vision: Any = None
 ) -> list[RenderedPrompt]:

@@ -33,6 +33,7 @@ from collapsecheck.inputs.prompts import (
     Prompt,
     RenderedPrompt,
     content_sha256,
+    kept_ids_with_images,
     load_prompts,
     numbered_rows,
     prompt_from_row,
@@ -92,6 +93,7 @@ class _Turn:
     reward: float | None = None
     prompt_ids: tuple[int, ...] | None = None  # the exact context, where the trainer kept it
     rendered: bool = False  # the prompt is the context as text, chat markers and all
+    images: tuple[Any, ...] = ()  # a kept context's images (`inputs.images.PromptImage`)
 
 
 def _reward(row: dict[str, Any], options: RolloutOptions, where: str) -> float | None:
@@ -130,7 +132,9 @@ def _turn(
     truncated = bool(row.get("truncated", False))
     context = token_ids(row["prompt_ids"], where, "prompt_ids") if "prompt_ids" in row else None
     rendered = bool(row.get("rendered", False))
-    return _Turn(prompt, response, truncated, own if own is not None else reward, context, rendered)
+    images = tuple(row.get("prompt_images", ()))
+    own = own if own is not None else reward
+    return _Turn(prompt, response, truncated, own, context, rendered, images)
 
 
 def token_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
@@ -156,8 +160,8 @@ def _group_single_turns(rows: list[Row], options: RolloutOptions, base: Path) ->
         turn = _turn(row, options, where, number, base)
         if options.group_field or any(f in row for f in GROUP_FIELDS):
             key = json.dumps(_field(row, options.group_field, GROUP_FIELDS, where), default=str)
-        elif turn.prompt_ids is not None:  # the exact context
-            key = json.dumps(turn.prompt_ids)
+        elif turn.prompt_ids is not None:  # the exact context, with its images' contents
+            key = json.dumps([turn.prompt_ids, [image.sha256 for image in turn.images]])
         else:  # the prompt itself, an image by its content
             key = json.dumps(turn.prompt.content, default=lambda image: image.sha256)
         groups.setdefault(key, []).append(turn)
@@ -324,9 +328,17 @@ def _rendered(
     to_render = [group[0].prompt for group, ids in zip(groups, kept, strict=True) if ids is None]
     rendered = iter(render_prompts(to_render, tokenizer, rendering, vision))
     return [
-        next(rendered) if ids is None else RenderedPrompt(decode_ids(tokenizer, ids), ids)
-        for ids in kept
+        next(rendered) if ids is None else kept_context(group[0], ids, tokenizer, vision)
+        for group, ids in zip(groups, kept, strict=True)
     ]
+
+
+def kept_context(turn: _Turn, ids: tuple[int, ...], tokenizer: Any, vision: Any) -> RenderedPrompt:
+    """A context the trainer kept as ids, its images (if any) in their slots."""
+    if not turn.images:
+        return RenderedPrompt(decode_ids(tokenizer, ids), ids)
+    slotted_ids, slotted = kept_ids_with_images(ids, turn.images, vision, turn.prompt.origin)
+    return RenderedPrompt(decode_ids(tokenizer, slotted_ids), tuple(slotted_ids), slotted)
 
 
 def as_context(turn: _Turn, tokenizer: Any) -> tuple[int, ...] | None:

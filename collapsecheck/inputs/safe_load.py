@@ -4,8 +4,9 @@ A pickle names the functions that rebuild its objects, and loading it calls them
 carry code. Here nothing the file names is imported or called except plain data (containers,
 strings, numbers), tensors and numpy arrays rebuilt as `torch.load(weights_only=True)` rebuilds
 them, and a trainer's own record classes, which are never imported: each becomes a `Record`
-(a dict of its fields) named after the class. A file that needs anything else is refused in
-one line naming the file and what it asked for.
+(a dict of its fields) named after the class. PIL images (a vision run's samples) become a
+`PickledImage` of their mode, size and raw pixels, not rebuilt by PIL's pickle code. A file
+that needs anything else is refused in one line naming the file and what it asked for.
 """
 
 from __future__ import annotations
@@ -61,6 +62,29 @@ class Record(dict):
         """An enum's value (a record rebuilt from one argument), else the record."""
         args = self.get("args")
         return args[0] if len(self) == 1 and isinstance(args, list) and len(args) == 1 else self
+
+
+class PickledImage(Record):
+    """A PIL image as its pickle holds it (`[info, mode, size, palette, pixels]`, PIL's
+    `__getstate__`), never rebuilt by PIL's own code: `png()` makes an image of the raw pixels."""
+
+    kind = "PIL image"
+
+    def png(self) -> bytes:
+        """The pixels as a PNG file (decoding raw bytes of a named mode runs no code)."""
+        from PIL import Image
+
+        _info, mode, size, palette, pixels = self["state"][:5]  # an ImageFile adds its format
+        image = Image.frombytes(mode, tuple(size), pixels)
+        if mode in ("L", "LA", "P", "PA") and palette:  # as PIL's own __setstate__
+            image.putpalette(palette)
+        stream = io.BytesIO()
+        image.save(stream, format="PNG")
+        return stream.getvalue()
+
+
+# PIL's image classes: Image itself and each format plugin's (PngImagePlugin.PngImageFile, ...)
+PIL_IMAGE = re.compile(r"PIL\.(Image\.Image|\w+ImagePlugin\.\w+ImageFile)")
 
 
 def record_class(qualified: str) -> type[Record]:
@@ -121,6 +145,8 @@ class DataUnpickler(pickle.Unpickler):
         qualified = f"{module}.{name}"
         if qualified in self.records:
             return self.records[qualified]
+        if PIL_IMAGE.fullmatch(qualified):
+            return PickledImage
         found = self.allowed.get((module, name), KeyError)
         if found is KeyError:
             raise refusal(self.path, qualified)
@@ -151,6 +177,7 @@ def load_torch(path: Path, records: Iterable[str] = ()) -> Any:
     stand_ins = [(record_class(name), name) for name in records] + [
         (value, f"{module}.{name}") for (module, name), value in numpy_globals().items()
     ]
+    stand_ins += [(PickledImage, name) for name in pil_images_named(path)]
     try:
         with torch.serialization.safe_globals(stand_ins):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -161,6 +188,17 @@ def load_torch(path: Path, records: Iterable[str] = ()) -> Any:
         raise CollapsecheckError(f"{path}: not a readable .pt file ({first_line(err)})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile) as err:
         raise CollapsecheckError(f"{path}: not a readable .pt file ({first_line(err)})") from None
+
+
+def pil_images_named(path: Path) -> list[str]:
+    """The PIL image classes a `.pt` file's pickle names (read from its opcodes, not run)."""
+    import torch
+
+    try:
+        named = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # an unreadable file is said by the load that follows
+        return []
+    return [name for name in named if PIL_IMAGE.fullmatch(name)]
 
 
 def unsupported_global(message: str) -> str | None:

@@ -11,8 +11,10 @@ messages), `response` (SGLang's text, special tokens and stop string kept), `sta
 (completed, truncated, aborted, failed), `reward` (a number, or the reward model's dict that
 slime's `--reward-key` picks from: here `--reward-field KEY`), `group_index` (the prompt's
 group; None in evaluation dumps, grouped by their prompt's ids then). The file is read as data
-(`inputs.safe_load`): a sample holding images (a vision run's `multimodal_inputs`) or any
-other object is refused, never unpickled by running code.
+(`inputs.safe_load`), never unpickled by running code: a vision run's images
+(`multimodal_inputs["images"]`, PIL images) are read as their pixels, and each image's tokens in
+the ids (as slime's processor expanded them) hold the image's slot, checked against this
+checkpoint's processor; videos are not read.
 
 Which weights sampled rollout r: slime's synchronous loop samples rollout r with the weights
 it saves as `iter_{r-1}` (then trains on it and saves `iter_r`); an evaluation dump `eval_r`
@@ -31,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.inputs.safe_load import load_torch
+from collapsecheck.inputs.images import PromptImage
+from collapsecheck.inputs.safe_load import PickledImage, load_torch
 from collapsecheck.inputs.trainer_rollouts.base import (
     TrainerRollouts,
     folder_holding,
@@ -127,14 +130,28 @@ def sample_row(sample: Any, where: str) -> dict[str, Any]:
         )
     prompt_ids = list(tokens[: len(tokens) - length])
     group = sample.get("group_index")
+    images = sample_images(sample.get("multimodal_inputs"), where)
     return {
         "prompt": sample["prompt"],
         "prompt_ids": prompt_ids,
         "response_ids": list(tokens[len(tokens) - length :]),
         "truncated": sample["status"] == "truncated",
-        "group": json.dumps(prompt_ids if group is None else group),
+        "group": json.dumps([prompt_ids, [i.sha256 for i in images]] if group is None else group),
+        **({"prompt_images": images} if images else {}),
         **reward_fields(sample.get("reward"), where),
     }
+
+
+def sample_images(inputs: Any, where: str) -> list[PromptImage]:
+    """A vision run's images (`multimodal_inputs["images"]`, PIL images read as pixels)."""
+    if not isinstance(inputs, dict):
+        return []
+    if inputs.get("videos"):
+        raise CollapsecheckError(f"{where}: the sample holds videos, which are not read")
+    images = inputs.get("images") or []
+    if not all(isinstance(image, PickledImage) for image in images):
+        raise CollapsecheckError(f"{where}: multimodal_inputs['images'] are not PIL images")
+    return [PromptImage(f"{where} image {k}", image.png()) for k, image in enumerate(images, 1)]
 
 
 def read(path: Path) -> TrainerRollouts:

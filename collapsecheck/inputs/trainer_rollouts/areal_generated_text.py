@@ -20,11 +20,10 @@ import re
 from pathlib import Path
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.inputs.trainer_rollouts.base import Row, TrainerRollouts, folder_holding, number
+from collapsecheck.inputs.trainer_rollouts.areal_trajectories import VersionFolders
+from collapsecheck.inputs.trainer_rollouts.base import Row, TrainerRollouts, number
 
 TRAINER = "areal"
-KINDS = ("generated", "generated-eval")
-VERSION = re.compile(r"\d+")
 COLOR, RESET = "\x1b[33m\x1b[2m", "\x1b[0m"
 RECORD = re.compile(
     r"idx: (\d+) / (\d+), seqlen: (\d+), reward is (.*?)\.\n"
@@ -32,37 +31,10 @@ RECORD = re.compile(
     rf"sequence is: \n{re.escape(COLOR)}(.*?){re.escape(RESET)}\n",
     re.DOTALL,
 )
-
-
-def version_folder(path: Path) -> Path | None:
-    folder = path if path.is_dir() else path.parent
-    if VERSION.fullmatch(folder.name) and folder.parent.name in KINDS:
-        return folder
-    return None
-
-
-def matches(path: Path) -> bool:
-    folder = version_folder(path)
-    if folder is None:
-        return False
-    return path.suffix == ".txt" if path.is_file() else any(folder.glob("*.txt"))
-
-
-def version(path: Path) -> int:
-    return int(version_folder(path).name)
-
-
-def step_of(path: Path) -> int | None:
-    """The version of a training folder; None for an evaluation one."""
-    return None if version_folder(path).parent.name == "generated-eval" else version(path)
-
-
-def policy_step(path: Path) -> int:
-    return version(path) - 1
-
-
-def beside(run_dir: Path) -> Path | None:
-    return folder_holding(run_dir, "generated", matches)
+LAYOUT = VersionFolders("generated", "generated-eval", ".txt")
+matches, step_of, policy_step, beside = (
+    LAYOUT.matches, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
+)  # fmt: skip
 
 
 def records(file: Path) -> list[Row]:
@@ -97,13 +69,13 @@ def _float(text: str, where: str) -> float:
 
 
 def read(path: Path) -> TrainerRollouts:
-    files = [path] if path.is_file() else sorted(path.glob("*.txt"))
+    files = LAYOUT.files(path)
     rows = [row for file in files for row in records(file)]
     if not rows:
         raise CollapsecheckError(f"{path}: no samples")
-    kind = version_folder(path).parent.name
+    kind, version = LAYOUT.kind(path), LAYOUT.version(path)
     notes = [
-        f"AReaL {kind} of version {version(path)} (text dumps, before v0.5.2): {len(rows)} "
+        f"AReaL {kind} of version {version} (text dumps, before v0.5.2): {len(rows)} "
         f"samples of {len({r['group'] for _, r, _ in rows})} prompts, each prompt scored as the "
         f"context AReaL decoded (special tokens kept), paired with the checkpoint of step "
         f"{policy_step(path)}"

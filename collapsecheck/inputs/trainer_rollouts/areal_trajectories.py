@@ -24,6 +24,7 @@ checkpoint of step V - 1."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,42 +39,58 @@ from collapsecheck.inputs.trainer_rollouts.base import (
 )
 
 TRAINER = "areal"
-KINDS = ("rollout", "eval-rollout")
 FIELDS = ("prompt", "completion", "reward", "head_version", "tail_version")
 VERSION = re.compile(r"\d+")
 
 
-def version_folder(path: Path) -> Path | None:
-    folder = path if path.is_dir() else path.parent
-    if VERSION.fullmatch(folder.name) and folder.parent.name in KINDS:
-        return folder
-    return None
+@dataclass(frozen=True)
+class VersionFolders:
+    """AReaL's dump layout: `{kind}/{version}/` folders of `*{suffix}` files, one kind for
+    training and one for evaluation (no training step)."""
+
+    training: str
+    evaluation: str
+    suffix: str
+
+    def folder(self, path: Path) -> Path | None:
+        """The version folder a path is, or holds a file of."""
+        folder = path if path.is_dir() else path.parent
+        kinds = (self.training, self.evaluation)
+        return folder if VERSION.fullmatch(folder.name) and folder.parent.name in kinds else None
+
+    def matches(self, path: Path) -> bool:
+        folder = self.folder(path)
+        if folder is None:
+            return False
+        return path.suffix == self.suffix if path.is_file() else any(folder.glob(f"*{self.suffix}"))
+
+    def files(self, path: Path) -> list[Path]:
+        return [path] if path.is_file() else sorted(path.glob(f"*{self.suffix}"))
+
+    def version(self, path: Path) -> int:
+        return int(self.folder(path).name)
+
+    def kind(self, path: Path) -> str:
+        return self.folder(path).parent.name
+
+    def step_of(self, path: Path) -> int | None:
+        """The version of a training folder; None for an evaluation one."""
+        return None if self.kind(path) == self.evaluation else self.version(path)
+
+    def policy_step(self, path: Path) -> int:
+        """Version V was saved as the checkpoint of global step V - 1 (module docstring)."""
+        return self.version(path) - 1
+
+    def beside(self, run_dir: Path) -> Path | None:
+        """The training kind's folder inside the trial's log folder, when the run directory
+        is that folder."""
+        return folder_holding(run_dir, self.training, self.matches)
 
 
-def matches(path: Path) -> bool:
-    folder = version_folder(path)
-    if folder is None:
-        return False
-    return path.suffix == ".jsonl" if path.is_file() else any(folder.glob("*.jsonl"))
-
-
-def version(path: Path) -> int:
-    return int(version_folder(path).name)
-
-
-def step_of(path: Path) -> int | None:
-    """The version of a training rollout folder; None for an evaluation one."""
-    return None if version_folder(path).parent.name == "eval-rollout" else version(path)
-
-
-def policy_step(path: Path) -> int:
-    """Version V was saved as the checkpoint of global step V - 1 (module docstring)."""
-    return version(path) - 1
-
-
-def beside(run_dir: Path) -> Path | None:
-    """`rollout/` of the trial's log folder, when the run directory is that folder."""
-    return folder_holding(run_dir, "rollout", matches)
+LAYOUT = VersionFolders("rollout", "eval-rollout", ".jsonl")
+matches, step_of, policy_step, beside = (
+    LAYOUT.matches, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
+)  # fmt: skip
 
 
 def sample_row(row: dict[str, Any], where: str) -> dict[str, Any]:
@@ -96,7 +113,7 @@ def spanned(row: dict[str, Any]) -> bool:
 
 
 def read(path: Path) -> TrainerRollouts:
-    files = [path] if path.is_file() else sorted(path.glob("*.jsonl"))
+    files = LAYOUT.files(path)
     raw = [
         numbered
         for file in files
@@ -106,13 +123,13 @@ def read(path: Path) -> TrainerRollouts:
     if not rows:
         raise CollapsecheckError(f"{path}: no samples")
     older = sum(spanned(row) for _, row, _ in raw)
-    kind = version_folder(path).parent.name
+    version, kind = LAYOUT.version(path), LAYOUT.kind(path)
     notes = [
-        f"AReaL {kind} of version {version(path)}: {len(rows)} samples of "
+        f"AReaL {kind} of version {version}: {len(rows)} samples of "
         f"{len({r['group'] for _, r, _ in rows})} prompts, each prompt scored as the context "
         "AReaL decoded (special tokens kept), paired with the checkpoint of step "
         f"{policy_step(path)}",
-        f"{older} sample(s) record tokens of an older version than {version(path)} "
+        f"{older} sample(s) record tokens of an older version than {version} "
         "(head_version); AReaL writes -1 there for in-tree workflows, so a sample whose "
         "generation a weight update interrupted cannot be told apart: the share of samples no "
         "single checkpoint sampled is unknown",

@@ -130,7 +130,9 @@ def load_groups(tokenizer) -> list[dict]:
         responses = []
         for ids in sampled["responses"]:
             kept = tokenizer.decode(ids, skip_special_tokens=False)
-            responses.append({"ids": ids, "reward": compute_score("grid", kept, row["ground_truth"])})
+            responses.append(
+                {"ids": ids, "reward": compute_score("grid", kept, row["ground_truth"])}
+            )
         groups.append({"messages": row["messages"], "ground_truth": row["ground_truth"],
                        "ids": sampled["ids"], "responses": responses})  # fmt: skip
     return groups
@@ -142,7 +144,7 @@ def padded(rows: list[list[int]], pad: int, left: bool = False) -> torch.Tensor:
     return torch.tensor([f + r if left else r + f for r, f in zip(rows, fill, strict=True)])
 
 
-def rlvr_batch(groups: list[dict], tokenizer, DataProto):  # noqa: N803
+def rlvr_batch(groups: list[dict], tokenizer, DataProto):
     """The generate schedulers' output as the RLVR pipeline has it at the dump."""
     rows = [(g, group, r) for g, group in enumerate(groups) for r in group["responses"]]
     pad = tokenizer.pad_token_id
@@ -169,7 +171,7 @@ def rlvr_batch(groups: list[dict], tokenizer, DataProto):  # noqa: N803
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info)
 
 
-def trajectory(groups, g, j, tokenizer, DataProto, TensorDict, pad_to_length):  # noqa: N803
+def trajectory(groups, g, j, tokenizer, DataProto, TensorDict, pad_to_length):
     """One trajectory's rows, as AgentNativeStepEnvManager.formulate_rollouts makes them."""
     group = groups[g]
     first, second = group["responses"][2 * j], group["responses"][2 * j + 1]

@@ -1,10 +1,11 @@
 """Write the rollout dumps of trainers that do not install here, for
 tests/fixtures/trainer-dumps/ (`make trainer-dumps`): each file is what that trainer's own
 writer makes of one batch, following its source line by line (file and commit named at each
-writer; docs/formats.md says what each holds). slime's, AReaL's, prime-rl's and SkyRL's
-training batches are written by their own code instead (scripts/make_slime_rollouts.py,
-scripts/make_areal_rollouts.py, scripts/make_prime_rl_traces.py with verifiers' classes,
-scripts/make_skyrl_batches.py), from the batch.json this script writes.
+writer; docs/formats.md says what each holds). slime's, AReaL's, ROLL's, prime-rl's and
+SkyRL's training batches are written by their own code instead (scripts/make_slime_rollouts.py,
+scripts/make_areal_rollouts.py, scripts/make_roll_dumps.py, scripts/make_prime_rl_traces.py
+with verifiers' classes, scripts/make_skyrl_batches.py), from the batch.json this script
+writes.
 
 The batch is real: the gridworld prompts rendered with the demo policy's chat template
 (examples/demo-run/global_step_100), K responses each sampled from that policy, scored with
@@ -150,69 +151,6 @@ def response_text(response: Response, tokenizer) -> str:
     return tokenizer.decode(response.ids, skip_special_tokens=True)
 
 
-# -- ROLL: alibaba/ROLL, roll/pipeline/rlvr/utils.py dump_rollout_to_specific_path and
-#    write_to_json_process (rollout_dump_dir, an absolute path) ------------------------------
-
-
-def write_roll(groups: list[Group], tokenizer, folder: Path) -> None:
-    """`rollout_dump_data.step_7.jsonl`: one line, the batch's columns of COLUMNS_CONFIG, a
-    value per response (`messages` as the dataset holds it: JSON text), the responses decoded
-    with special tokens skipped, `sampling_params` the batch's meta_info as JSON."""
-    folder.mkdir(parents=True)
-    rows = [(g, group, response) for g, group in enumerate(groups) for response in group.responses]
-    meta = json.dumps({"generation_config": {"temperature": 1.0, "num_return_sequences": K}})
-    data = {
-        "id": [f"grid-{g}" for g, _, _ in rows],
-        "source": ["gridworld"] * len(rows),
-        "prompt": [group.messages[-1]["content"] for _, group, _ in rows],
-        "messages": [json.dumps(group.messages, ensure_ascii=False) for _, group, _ in rows],
-        "ground_truth": [group.ground_truth for _, group, _ in rows],
-        "tag": ["gridworld"] * len(rows),
-        "domain": ["math_rule"] * len(rows),
-        "responses": tokenizer.batch_decode([r.ids for _, _, r in rows], skip_special_tokens=True),
-        "scores": [r.reward for _, _, r in rows],
-        "sampling_params": [meta] * len(rows),
-        "global_step": [7] * len(rows),
-    }
-    with open(folder / "rollout_dump_data.step_7.jsonl", "w", encoding="utf-8") as stream:
-        stream.write(json.dumps(data, ensure_ascii=False) + "\n")
-
-
-def write_roll_agentic(groups: list[Group], tokenizer, folder: Path) -> None:
-    """The agentic pipeline's `rollout_dump_data.step_7.jsonl` (AgentNativeStepEnvManager,
-    roll/pipeline/agentic/env_manager/agent_native_env_manager.py, and
-    dump_rollout_trajectories, roll/pipeline/agentic/utils.py, ROLL 8eb27cc): a value per
-    trajectory (the steps before its last carry None and are dropped), trajectory_data and
-    messages as JSON text, messages a list of the trajectory's conversations."""
-    folder.mkdir(parents=True)
-    data = {"trajectory_data": [], "messages": [], "tools": [], "exp_name": []}
-    for g, group in enumerate(groups):
-        for j in range(2):
-            first, second = group.responses[2 * j], group.responses[2 * j + 1]
-            conversation = [
-                *group.messages,
-                {"role": "assistant", "content": response_text(first, tokenizer)},
-                {"role": "user", "content": groups[(g + 1) % len(groups)].messages[-1]["content"]},
-                {"role": "assistant", "content": response_text(second, tokenizer)},
-            ]
-            steps = [first.reward, second.reward]
-            trajectory = {
-                "trajectory_id": f"grid_0_1_{g}_{j}_0_7", "current_step": 7,
-                "env_info": {"env_id": 2 * g + j, "group_id": g, "tag": "grid", "seed": g},
-                "length_info": {"trajectory_length": 2, "num_actions": 2},
-                "reward_info": {"episode_reward": sum(steps), "step_rewards": steps,
-                                "first_round_reward": steps[0], "final_reward": steps[-1]},
-                "failure_info": {"stop_reason": "MAX_STEPS"}, "metrics": {},
-            }  # fmt: skip
-            data["trajectory_data"].append(json.dumps(trajectory))
-            data["messages"].append(json.dumps([conversation]))
-            data["tools"].append(json.dumps([]))
-            data["exp_name"].append("grid")
-    data["global_step"] = [7] * len(data["messages"])
-    with open(folder / "rollout_dump_data.step_7.jsonl", "w", encoding="utf-8") as stream:
-        stream.write(json.dumps(data, ensure_ascii=False) + "\n")
-
-
 # -- verl-agent: langfengQ/verl-agent 796ed31, verl/trainer/ppo/ray_trainer.py
 #    _dump_generations (the older veRL writer: no gts) ----------------------------------------
 
@@ -308,8 +246,6 @@ def main() -> None:
     written = (
         "skyrl/dumped_evals",
         "ragen",
-        "roll",
-        "roll-agentic",
         "verl-agent",
         "areal-0.5",
     )
@@ -317,8 +253,6 @@ def main() -> None:
         shutil.rmtree(OUT / folder, ignore_errors=True)
     write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
     write_ragen(groups, tokenizer, OUT / "ragen")
-    write_roll(groups, tokenizer, OUT / "roll")
-    write_roll_agentic(groups, tokenizer, OUT / "roll-agentic")
     write_verl_agent(groups, tokenizer, OUT / "verl-agent")
     write_areal_text(groups, tokenizer, OUT / "areal-0.5")
     write_vision_batch(OUT / "batch-vision.json")

@@ -164,14 +164,15 @@ bench-vllm: vllm-env
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
 
-# other trainers' rollout dumps, written as each trainer's writer writes them (tests/fixtures/
-# trainer-dumps/); slime's by slime's own Sample and save_debug_rollout_data (from a git copy
-# of THUDM/slime: SLIME_REPO), SkyRL's training-batch pickles by SkyRL's own class (its wheels)
+# other trainers' rollout dumps (tests/fixtures/trainer-dumps/): the sampled batch, verl-agent's
+# and AReaL's older dumps by make_trainer_dumps.py; slime's by slime's own code (a git copy of
+# THUDM/slime: SLIME_REPO); the others' each by its trainer's own code in a venv of its own
+# (each script's docstring says how): make_skyrl_batches.py, make_skyrl_evals.py,
+# make_areal_rollouts.py, make_roll_dumps.py, make_prime_rl_traces.py, make_ragen_trajectories.py
 SLIME_REPO ?= ../slime
 trainer-dumps: $(STAMP)
 	$(PY) scripts/make_trainer_dumps.py
 	$(PY) scripts/make_slime_rollouts.py --slime-repo $(SLIME_REPO)
-	@echo "AReaL's dumps: scripts/make_areal_rollouts.py, in its own venv (see its docstring)"
 SKYRL_VENV ?= /tmp/skyrl-venv
 skyrl-batches:
 	python3 -m venv $(SKYRL_VENV)

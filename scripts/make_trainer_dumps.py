@@ -1,11 +1,11 @@
-"""Write the rollout dumps of trainers that do not install here, for
-tests/fixtures/trainer-dumps/ (`make trainer-dumps`): each file is what that trainer's own
-writer makes of one batch, following its source line by line (file and commit named at each
-writer; docs/formats.md says what each holds). slime's, AReaL's, ROLL's, prime-rl's and
-SkyRL's training batches are written by their own code instead (scripts/make_slime_rollouts.py,
-scripts/make_areal_rollouts.py, scripts/make_roll_dumps.py, scripts/make_prime_rl_traces.py
-with verifiers' classes, scripts/make_skyrl_batches.py), from the batch.json this script
-writes.
+"""Sample the batch every trainer-dump fixture of tests/fixtures/trainer-dumps/ holds
+(batch.json; batch-vision.json, a vision run's), and write the two dumps whose trainer's code
+does not run here, following its source line by line (file and commit named at each writer;
+docs/formats.md says what each holds): verl-agent's rows (veRL's older in-tree writer) and
+AReaL's text dumps from before its JSONL ones. Every other trainer's dump is written from
+these batches by that trainer's own code, each by its own script (scripts/make_slime_rollouts.py,
+make_skyrl_batches.py, make_skyrl_evals.py, make_areal_rollouts.py, make_roll_dumps.py,
+make_prime_rl_traces.py, make_ragen_trajectories.py; `make trainer-dumps` names them).
 
 The batch is real: the gridworld prompts rendered with the demo policy's chat template
 (examples/demo-run/global_step_100), K responses each sampled from that policy, scored with
@@ -78,72 +78,6 @@ def sample_batch() -> tuple[list[Group], object]:
             )
         )
     return groups, backend.tokenizer
-
-
-# -- SkyRL: NovaSky-AI/SkyRL a956457, skyrl/train/utils/trainer_utils.py
-#    dump_per_dataset_eval_results, called by skyrl/train/evaluate.py::evaluate ---------------
-
-
-def write_skyrl_evals(groups: list[Group], tokenizer, folder: Path) -> None:
-    """`{export_path}/dumped_evals/global_step_2_evals/`: one file per data source (the
-    source's '/' made '_'), a line per sample, a prompt's samples consecutive; the agent loop's
-    per-token score list for the second source; the metrics in aggregated_results.jsonl."""
-    out = folder / "dumped_evals" / "global_step_2_evals"
-    out.mkdir(parents=True)
-    sources = {"gridworld/near": groups[:3], "gridworld/far": groups[3:]}
-    for source, members in sources.items():
-        lines = []
-        for group in members:
-            for response in group.responses:
-                per_token = [0.0] * (len(response.ids) - 1) + [response.reward]
-                entry = {
-                    "input_prompt": tokenizer.decode(group.ids),
-                    "output_response": tokenizer.decode(response.ids),
-                    "score": per_token if source.endswith("far") else response.reward,
-                    "stop_reason": "stop" if response.stopped else "length",
-                    "env_class": "gridworld",
-                    "env_extras": {
-                        "data_source": source,
-                        "reward_spec": {"ground_truth": group.ground_truth},
-                    },
-                    "data_source": source,
-                }
-                lines.append(json.dumps(entry, ensure_ascii=False) + "\n")
-        (out / f"{source.replace('/', '_')}.jsonl").write_text("".join(lines), encoding="utf-8")
-    mean = sum(r.reward for g in groups for r in g.responses) / sum(
-        len(g.responses) for g in groups
-    )
-    (out / "aggregated_results.jsonl").write_text(json.dumps({"eval/all/avg_score": mean}) + "\n")
-
-
-# -- RAGEN: mll-lab-nu/RAGEN 20daedc, ragen/llm_agent/agent_proxy.py _save_as_jsonl -----------
-
-
-def write_ragen(groups: list[Group], tokenizer, folder: Path) -> None:
-    """`results/eval/val_rollouts_{timestamp}.jsonl` (output.format=jsonl): a line per
-    trajectory, two per group (the group's environments), two turns each: the state as a user
-    message ("(reward: r)" after the first), the raw response as the assistant's."""
-    folder.mkdir(parents=True)
-    lines = []
-    for g, group in enumerate(groups):
-        for j in range(2):
-            first, second = group.responses[2 * j], group.responses[2 * j + 1]
-            after = groups[(g + 1) % len(groups)].messages[-1]["content"]
-            messages = [
-                {"role": "user", "content": group.messages[-1]["content"]},
-                {"role": "assistant", "content": response_text(first, tokenizer)},
-                {"role": "user", "content": f"{after} (reward: {first.reward})"},
-                {"role": "assistant", "content": response_text(second, tokenizer)},
-                {"role": "user", "content": group.messages[-1]["content"]},
-            ]
-            metadata = {
-                "env_id": 2 * g + j, "group_id": g, "num_turns": 2,
-                "total_reward": first.reward + second.reward, "success": False,
-                "GridWorld/success": float(second.reward > 0), "GridWorld/num_actions": 2,
-            }  # fmt: skip
-            row = {"custom_id": f"traj_{2 * g + j}", "messages": messages, "metadata": metadata}
-            lines.append(json.dumps(row, ensure_ascii=False) + "\n")
-    (folder / "val_rollouts_20261125_101500.jsonl").write_text("".join(lines), encoding="utf-8")
 
 
 def response_text(response: Response, tokenizer) -> str:
@@ -243,16 +177,8 @@ def write_vision_batch(out: Path) -> None:
 
 def main() -> None:
     groups, tokenizer = sample_batch()
-    written = (
-        "skyrl/dumped_evals",
-        "ragen",
-        "verl-agent",
-        "areal-0.5",
-    )
-    for folder in written:  # the others: their own scripts, by the trainers' own code
+    for folder in ("verl-agent", "areal-0.5"):
         shutil.rmtree(OUT / folder, ignore_errors=True)
-    write_skyrl_evals(groups, tokenizer, OUT / "skyrl")
-    write_ragen(groups, tokenizer, OUT / "ragen")
     write_verl_agent(groups, tokenizer, OUT / "verl-agent")
     write_areal_text(groups, tokenizer, OUT / "areal-0.5")
     write_vision_batch(OUT / "batch-vision.json")

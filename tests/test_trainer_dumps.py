@@ -179,7 +179,9 @@ def test_ragens_trajectories_are_scored_turn_by_turn_in_their_saved_context(tmp_
     assert "RAGEN trajectories: 12 trajectories, 24 turns" in said
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["settings"]["multi_turn"]["pairs"] == 24
-    assert report["snr"]["rewards"] == "rollouts, per trajectory"
+    # RAGEN's own writer (scripts/make_ragen_trajectories.py) writes total_reward 0 throughout
+    assert "every trajectory's total_reward is 0, so none is read as a reward" in said
+    assert report["snr"] is None
     prompts, _ = check_against_plain_forward(tmp_path, model)
     tokenizer = AutoTokenizer.from_pretrained(HEALTHY)
     rows = [json.loads(line) for line in RAGEN.open()]
@@ -190,6 +192,17 @@ def test_ragens_trajectories_are_scored_turn_by_turn_in_their_saved_context(tmp_
 
     contexts = {rendered(row["messages"][:i]) for row in rows for i in (1, 3)}
     assert {tuple(p) for p in prompts} == contexts  # each turn in the conversation before it
+
+
+def test_ragens_total_rewards_are_each_trajectorys_reward_when_written(tmp_path):
+    rows = [json.loads(line) for line in RAGEN.open()]
+    for n, row in enumerate(rows):
+        row["metadata"]["total_reward"] = float(n % 3)
+    path = tmp_path / "val_rollouts_fixed.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    read = trainer_rollouts(path)
+    assert [row["reward"] for _, row, _ in read.rows] == [float(n % 3) for n in range(len(rows))]
+    assert not any("total_reward is 0" in note for note in read.notes)
 
 
 def test_ragens_pickled_dataproto_is_refused_naming_the_converter(tmp_path):

@@ -10,8 +10,11 @@ Read as multi-turn rollouts (SPEC "Multi-turn"): each assistant message is one t
 context every message before it, rendered with the checkpoint's chat template; its reward the
 trajectory's total. RAGEN's own training context is built differently (a system instruction
 and each state as "Turn k: State: ..."), and the file keeps only the states: a note says the
-context is the conversation as saved, not the exact prompt the policy saw. The default
-`val_rollouts.pkl` is a pickled veRL DataProto: refused, naming the converter."""
+context is the conversation as saved, not the exact prompt the policy saw. RAGEN's writer at
+20daedc writes `total_reward` 0 for every trajectory (its `np.sum` of a torch tensor raises,
+and it falls back to 0): a file whose rewards are all 0 is read without rewards, and the note
+says why.
+The default `val_rollouts.pkl` is a pickled veRL DataProto: refused, naming the converter."""
 
 from __future__ import annotations
 
@@ -31,6 +34,11 @@ from collapsecheck.inputs.trainer_rollouts.base import (
 TRAINER = "ragen"
 FIELDS = ("messages", "metadata")
 PICKLE_PREFIX = "val_rollouts"
+ALL_ZERO = (
+    "every trajectory's total_reward is 0, so none is read as a reward: RAGEN's writer "
+    "(20daedc) sums the scores with np.sum on a torch tensor, which raises, and writes 0 "
+    "(unless every trajectory truly earned 0)"
+)
 
 
 def first_row(path: Path) -> Any:
@@ -98,4 +106,7 @@ def read(path: Path) -> TrainerRollouts:
         "conversation before it as saved (the states, rendered by the chat template), not "
         "RAGEN's own 'Turn k: State:' prompt; reward: the trajectory's total_reward"
     ]
+    if all(row["reward"] == 0 for _, row, _ in rows):
+        rows = [(w, {k: v for k, v in r.items() if k != "reward"}, n) for w, r, n in rows]
+        notes.append(ALL_ZERO)
     return TrainerRollouts(TRAINER, None, rows, notes)

@@ -12,8 +12,11 @@ Three sources, all turned into prompts and (ids, truncated) samples per prompt:
   one trace, scored against the other sampled turns' contexts.
 - A `--dump` directory of a scan: its rendered prompt ids and sampled response ids, exactly.
 
-A trainer's own rollout file (TRL's completions parquet, a veRL `rollout_data_dir` JSONL) is
-recognised by `collapsecheck.inputs.trainer_rollouts` and read as single-turn rows.
+A trainer's own rollout file or step folder (TRL, veRL, slime, SkyRL, AReaL, ROLL, prime-rl,
+RAGEN) is recognised by `collapsecheck.inputs.trainer_rollouts` and read as rows of the same
+forms, which may also carry the trainer's exact ids (`prompt_ids`, `response_ids`, with a kept
+context's `prompt_images`) or a context kept as rendered text (`rendered`): those are scored as
+they stand, not rendered again (SPEC "Traces the trainer sampled").
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Rollouts the trainer already sampled, in the trainer's own files: one small module per
-trainer, tried in this order. Each says whether a file is its trainer's (`matches`), which
-step a file holds (`step_of`), where the trainer keeps them beside a run (`beside`, None when
-the user chose the folder), and turns a file into rollout rows of the generic form
-`rollouts.py` reads (`read`: prompt, response, reward, group), so everything above is
-trainer-free. Adding a trainer (OpenRLHF, say) is one module and one entry in READERS."""
+trainer format, tried in this order. Each says whether a file or step folder is its trainer's
+(`matches`), which training step it holds (`step_of`; None for an evaluation dump), which
+checkpoint step's weights sampled it (`policy_step`, as the trainer's loop defines it), where
+the trainer keeps them inside a run (`beside`, None when the user chose the folder), and turns
+it into rollout rows of the generic form `rollouts.py` reads (`read`: prompt or exact ids,
+response, reward, group, or turns), so everything above is trainer-free. Adding a trainer is
+one module and one entry in READERS (docs/formats.md, one section per trainer)."""
 
 from __future__ import annotations
 

@@ -17,8 +17,11 @@ Row = tuple[str, dict[str, Any], int]
 
 @dataclass(frozen=True)
 class TrainerRollouts:
-    """Rows with `prompt` (text or chat messages), `response` (text), `reward` (a number or
-    absent) and `group` (responses to one prompt); `trainer` and `step` say where they came
+    """Rows with `prompt` (text or chat messages; `rendered`: the context as text, chat
+    markers and all) or `prompt_ids` (the exact context, `prompt_images` its images),
+    `response` (text) or `response_ids` (the sampled ids), `truncated`, `reward` (a number or
+    absent) and `group` (responses to one prompt); or, for a multi-turn rollout, `turns` (rows
+    of those fields) with the trajectory's `reward`. `trainer` and `step` say where they came
     from, `notes` what the reader decided (shown to the user, kept in the report)."""
 
     trainer: str

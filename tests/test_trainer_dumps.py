@@ -426,6 +426,13 @@ def test_areal_samples_whose_head_version_is_set_and_older_are_counted(tmp_path)
     assert read.notes[1].startswith("2 sample(s) record tokens of an older version than 6")
 
 
+def test_score_of_a_folder_of_steps_says_to_score_one_step_or_scan_the_run():
+    result = score(SLIME, "-c", HEALTHY)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and f"{SLIME}: a folder of slime rollout steps (2)" in said
+    assert f"--rollouts {SLIME}" in said
+
+
 def test_a_run_holding_two_rollout_folders_reads_one_and_names_the_other(tmp_path):
     from collapsecheck.runs.pairing import find_run_rollouts
 

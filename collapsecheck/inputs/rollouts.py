@@ -45,7 +45,7 @@ from collapsecheck.inputs.prompts import (
 from collapsecheck.inputs.rewards import as_reward
 from collapsecheck.inputs.samples import Sample, SampledPrompts, decode_ids
 from collapsecheck.inputs.scan_dump import read_dump_samples
-from collapsecheck.inputs.trainer_rollouts import trainer_reader, trainer_rollouts
+from collapsecheck.inputs.trainer_rollouts import rollout_files, trainer_reader, trainer_rollouts
 from collapsecheck.inputs.trainer_rollouts.base import Row
 from collapsecheck.settings import PromptSettings, Settings
 
@@ -212,7 +212,15 @@ def parse_rollouts(path: str | Path, options: RolloutOptions) -> ParsedRollouts 
     """Every row of a rollout file read and checked, before any model loads; None for a dump
     directory (read with the tokenizer, by `read_rollouts`)."""
     path = Path(path)
-    return None if is_scan_dump(path) else _parse_file(path, options)
+    if not is_scan_dump(path):
+        return _parse_file(path, options)
+    steps = rollout_files(path)
+    if steps:
+        raise CollapsecheckError(
+            f"{path}: a folder of {steps[0].trainer} rollout steps ({len(steps)}): score one "
+            f"step ({steps[-1].path}), or scan the run with --rollouts {path}"
+        )
+    return None
 
 
 def is_scan_dump(path: Path) -> bool:

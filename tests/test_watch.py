@@ -588,3 +588,34 @@ def test_a_bad_prompt_set_is_said_before_the_run_has_a_checkpoint(tmp_path):
     result = CliRunner().invoke(app, [*args, "--idle", "600"])
     assert result.exit_code == 2 and time.monotonic() - started < 60
     assert "prompt file not found" in result.output
+
+
+def test_another_trainers_step_folders_are_scored_as_each_lands(tmp_path):
+    """prime-rl's rollouts/step_N/ folders (tests/fixtures/trainer-dumps, written with
+    verifiers' own records): step 5 once step 6's folder is there, step 6 once it stopped
+    changing; each under the checkpoint of the policy version its episodes started under."""
+    from collapsecheck.runs.watch import TrainerRollouts
+
+    source = Path(__file__).parent / "fixtures" / "trainer-dumps" / "prime-rl" / "rollouts"
+    run, lines = tmp_path / "run", []
+    run.mkdir()
+    (run / "step_3").symlink_to(HEALTHY, target_is_directory=True)
+    shutil.copytree(source / "step_5", run / "rollouts" / "step_5")
+
+    def trainer():  # the next step's traces land while the watch is running (its `all/` only)
+        time.sleep(1.0)
+        shutil.copytree(
+            source / "step_5" / "train" / "all", run / "rollouts" / "step_6" / "train" / "all"
+        )
+
+    writing = threading.Thread(target=trainer)
+    writing.start()
+    watch = watcher(run, tmp_path / "cache", lines, idle=3.0, every_step=True)
+    watch.traces = TrainerRollouts()
+    watch.settings = Settings.build(device="cpu", bootstrap=100)
+    assert watch.follow() == 0
+    writing.join()
+    said = "\n".join(lines)
+    for step in (5, 6):
+        assert said.count(f"step {step}: ") == 1, said
+    assert said.count("rollouts scored by step_3 (gap 0)") == 2, said

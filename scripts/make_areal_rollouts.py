@@ -43,14 +43,10 @@ import types
 from pathlib import Path
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "rewards"))
-from gridworld import compute_score  # noqa: E402
+from trainer_sources import BATCH, DUMPS, POLICY, PROMPTS, load_reward
 
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
-FIXTURE = ROOT / "tests" / "fixtures" / "trainer-dumps" / "areal"
+compute_score = load_reward()
+FIXTURE = DUMPS / "areal"
 STUBBED = ("ray", "numba", "swanlab", "trackio", "wandb", "tensorboardX")
 EXPERIMENT, TRIAL = "collapsecheck", "fixture"
 # (worker, version) per group; a worker name seen again after "restart" gets a new executor

@@ -36,16 +36,11 @@ from pathlib import Path
 import orjson
 import verifiers
 import verifiers.v1 as vf
+from trainer_sources import BATCH, DUMPS, POLICY, PROMPTS, load_reward
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "rewards"))
-from gridworld import compute_score  # noqa: E402
-
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
-OUT = ROOT / "tests" / "fixtures" / "trainer-dumps" / "prime-rl"
+compute_score = load_reward()
+OUT = DUMPS / "prime-rl"
 VERIFIERS_COMMIT = "a60a606ecc4d309247edf9ff92c3eabca362781f"  # prime-rl 559b447's deps/verifiers
 STEP, ENV, T0 = 5, "gridworld", 1764064800.0
 IDS = uuid.UUID("6a1c1c8e-5b0e-4f43-9d43-2b8f4b1c0f11")  # a namespace: ids fixed from run to run

@@ -48,29 +48,26 @@ Run it with the venv of scripts/make_skyrl_batches.py plus tensordict (veRL's Da
 
 from __future__ import annotations
 
-import abc
 import argparse
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import io
 import json
 import re
-import subprocess
 import sys
-import tarfile
 import tempfile
-import types
-import zipfile
 from pathlib import Path
 
+from trainer_sources import (
+    BATCH,
+    DUMPS,
+    POLICY,
+    PROMPTS,
+    fetch_wheel,
+    git_archive,
+    load_reward,
+    stub_modules,
+)
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
-OUT = ROOT / "tests" / "fixtures" / "trainer-dumps" / "ragen"
+OUT = DUMPS / "ragen"
 
 RAGEN_REPO = Path("/work/.mirror/mll-lab-nu+RAGEN/repo")
 RAGEN_COMMIT = "20daedc47558e000f7de912b060646bf2e8026bd"
@@ -84,94 +81,6 @@ TAG = "GridWorld"
 ENVS_PER_GROUP = 2
 MAX_ACTIONS = 4  # custom_envs.GridWorld.max_actions_per_traj
 ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.S)
-
-
-class _Meta(abc.ABCMeta):
-    """Placeholder classes: any attribute is another placeholder class."""
-
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Placeholder,), {})
-
-    def __getitem__(cls, item):
-        return cls
-
-
-class _Placeholder(metaclass=_Meta):
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):  # decorators, factories
-        return _Placeholder()
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Placeholder()
-
-    def __bool__(self):
-        return False
-
-
-class _PlaceholderModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Placeholder,), {})
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, packages):
-        self.packages = set(packages)
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in self.packages:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _PlaceholderModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-
-
-def stub_modules(packages: list[str]) -> None:
-    """Import these packages (and their submodules) as placeholders."""
-    sys.meta_path.insert(0, _StubFinder(packages))
-
-
-def extract_ragen(repo: Path, tmp: Path) -> None:
-    """`git archive` RAGEN's `ragen/` folder at the pinned commit into tmp/ragen-src."""
-    archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", RAGEN_COMMIT, "ragen"],
-        check=True, capture_output=True,
-    ).stdout  # fmt: skip
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(tmp / "ragen-src", filter="data")
-    sys.path.insert(0, str(tmp / "ragen-src"))
-
-
-def fetch_verl(tmp: Path) -> None:
-    """pip download veRL's wheel (no dependencies) and unzip it into tmp/verl-site."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", VERL_WHEEL, "--no-deps", "--only-binary=:all:",
-         "-q", "-d", str(tmp / "verl-wheel")],
-        check=True,
-    )  # fmt: skip
-    (wheel,) = (tmp / "verl-wheel").glob("*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(tmp / "verl-site")
-    sys.path.insert(0, str(tmp / "verl-site"))
-
-
-def load_reward():
-    path = ROOT / "examples" / "rewards" / "gridworld.py"
-    spec = importlib.util.spec_from_file_location("gridworld", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.compute_score
 
 
 def trajectories(tokenizer) -> list[dict]:
@@ -257,8 +166,9 @@ def main() -> None:
     stub_modules(STUBBED)
     tokenizer = AutoTokenizer.from_pretrained(POLICY)
     with tempfile.TemporaryDirectory() as tmp:
-        extract_ragen(args.ragen_repo, Path(tmp))
-        fetch_verl(Path(tmp))
+        git_archive(args.ragen_repo, RAGEN_COMMIT, "ragen", Path(tmp) / "ragen-src")
+        sys.path.insert(0, str(Path(tmp) / "ragen-src"))
+        fetch_wheel(VERL_WHEEL, Path(tmp) / "verl")
         from ragen.llm_agent.agent_proxy import _save_as_jsonl
 
         args.out.mkdir(parents=True, exist_ok=True)

@@ -48,14 +48,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
 import json
 import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 import types
 from pathlib import Path
@@ -63,35 +60,15 @@ from unittest import mock
 
 import numpy as np
 import torch
+from trainer_sources import BATCH, DUMPS, POLICY, PROMPTS, git_archive, load_reward
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "rewards"))
-from gridworld import compute_score  # noqa: E402
-
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
-OUT = ROOT / "tests" / "fixtures" / "trainer-dumps"
+compute_score = load_reward()
+OUT = DUMPS
 ROLL_MIRROR = "/work/.mirror/alibaba+ROLL/repo"
 STUBBED = ("ray", "transfer_queue")  # missing and heavy; only imported, never called here
 STEP, K = 7, 4
 FILE = f"rollout_dump_data.step_{STEP}.jsonl"
-
-
-def extract_roll(repo: str, into: Path) -> str:
-    """`git archive HEAD roll` of the ROLL repository into `into`; returns the commit."""
-    commit = subprocess.run(
-        ["git", "-C", repo, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "-C", repo, "archive", "--format=tar", commit, "roll"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return commit
 
 
 def stub_missing(names: tuple[str, ...]) -> list[str]:
@@ -253,7 +230,7 @@ def main() -> None:
     args = parser.parse_args()
     multiprocessing.set_start_method("fork")
     with tempfile.TemporaryDirectory(prefix="roll-src-") as tmp:
-        commit = extract_roll(args.roll_repo, Path(tmp))
+        commit = git_archive(args.roll_repo, "HEAD", "roll", Path(tmp))
         os.environ["ROLL_LOG_DIR"] = str(Path(tmp) / "logs")
         stubbed = stub_missing(STUBBED)
         sys.path.insert(0, tmp)

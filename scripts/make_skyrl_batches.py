@@ -45,22 +45,15 @@ Run it with a separate venv (SkyRL's modules need jaxtyping and loguru, which th
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 import torch
+from trainer_sources import BATCH, DUMPS, POLICY, PROMPTS, fetch_wheel, load_reward
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
-OUT = ROOT / "tests" / "fixtures" / "trainer-dumps" / "skyrl" / "dumped_data"
+OUT = DUMPS / "skyrl" / "dumped_data"
 
 OLD_WHEEL = "skyrl-train==0.3.1"
 NEW_WHEEL = "skyrl==0.4.0"
@@ -75,32 +68,6 @@ STUBBED = {
 }
 POLICY_MINI_BATCH_SIZE = 3  # prompts per mini-batch (trainer.policy_mini_batch_size)
 PAD_SIZE = 2  # step 3 only
-
-
-def fetch_wheel(spec: str, tmp: Path) -> Path:
-    """pip download the wheel (no dependencies) and unzip it into its own folder."""
-    dest = tmp / spec.split("==")[0]
-    dest.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", spec, "--no-deps", "--python-version", "3.12",
-         "--only-binary=:all:", "-q", "-d", str(dest / "wheel")],
-        check=True,
-    )  # fmt: skip
-    (wheel,) = (dest / "wheel").glob("*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(dest / "site")
-    for stub in STUBBED[spec]:
-        (dest / "site" / stub).write_text("")
-    sys.path.insert(0, str(dest / "site"))
-    return dest / "site"
-
-
-def load_reward():
-    path = ROOT / "examples" / "rewards" / "gridworld.py"
-    spec = importlib.util.spec_from_file_location("gridworld", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.compute_score
 
 
 def rollouts(tokenizer) -> tuple[list[list[int]], list[list[int]], list[float], list[str]]:
@@ -318,8 +285,8 @@ def main() -> None:
     logprobs = token_logprobs(model, prompts, responses)
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        fetch_wheel(OLD_WHEEL, Path(tmp))
-        fetch_wheel(NEW_WHEEL, Path(tmp))
+        for wheel in (OLD_WHEEL, NEW_WHEEL):
+            fetch_wheel(wheel, Path(tmp) / wheel, STUBBED[wheel], python_version="3.12")
         for write in (step2_skyrl_train_031, step3_skyrl_040):
             print("wrote", write(tokenizer, prompts, responses, rewards, uids, logprobs))
 

@@ -42,116 +42,33 @@ transformers; the wheel's own modules also need pydantic, which transformers bri
 
 from __future__ import annotations
 
-import abc
 import argparse
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
-import types
-import zipfile
 from pathlib import Path
 
+from trainer_sources import (
+    BATCH,
+    DUMPS,
+    POLICY,
+    PROMPTS,
+    fetch_wheel,
+    load_reward,
+    stub_modules,
+)
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
-EXPORT_PATH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "skyrl"
+EXPORT_PATH = DUMPS / "skyrl"
 
 WHEEL = "skyrl==0.4.0"
-BLANKED = ["skyrl/backends/__init__.py", "skyrl/train/generators/__init__.py"]
+BLANKED = ("skyrl/backends/__init__.py", "skyrl/train/generators/__init__.py")
 STUBBED = ["ray", "omegaconf", "torchdata", "datasets", "skyrl_gym"]
 GLOBAL_STEP = 2
 ENV_CLASS = "gridworld"
 EVAL_BATCH_SIZE = 3  # prompts per eval batch
 SOURCES = ["gridworld/near", "gridworld/far"]  # one per eval batch
 PER_TOKEN = {"gridworld/far", "gridworld/near"}  # the agent loop's per-token rewards
-
-
-class _Meta(abc.ABCMeta):
-    """Placeholder classes: any attribute is another placeholder class."""
-
-    def __getattr__(cls, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Placeholder,), {})
-
-    def __getitem__(cls, item):
-        return cls
-
-
-class _Placeholder(metaclass=_Meta):
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):  # decorators, factories
-        return _Placeholder()
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Placeholder()
-
-    def __bool__(self):  # ray.is_initialized() -> falsy
-        return False
-
-
-class _PlaceholderModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Meta(name, (_Placeholder,), {})
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, packages):
-        self.packages = set(packages)
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in self.packages:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _PlaceholderModule(spec.name)
-
-    def exec_module(self, module):
-        module.__path__ = []
-
-
-def stub_modules(packages: list[str]) -> None:
-    """Import these packages (and their submodules) as placeholders."""
-    sys.meta_path.insert(0, _StubFinder(packages))
-
-
-def fetch_wheel(spec: str, tmp: Path) -> Path:
-    """pip download the wheel (no dependencies), unzip it, blank the heavy `__init__`s."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", spec, "--no-deps", "--python-version", "3.12",
-         "--only-binary=:all:", "-q", "-d", str(tmp / "wheel")],
-        check=True,
-    )  # fmt: skip
-    (wheel,) = (tmp / "wheel").glob("*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(tmp / "site")
-    for blank in BLANKED:
-        (tmp / "site" / blank).write_text("")
-    sys.path.insert(0, str(tmp / "site"))
-    return tmp / "site"
-
-
-def load_reward():
-    path = ROOT / "examples" / "rewards" / "gridworld.py"
-    spec = importlib.util.spec_from_file_location("gridworld", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.compute_score
 
 
 def eos_ids() -> set[int]:
@@ -264,7 +181,7 @@ def main() -> None:
     args = parser.parse_args()
     stub_modules(STUBBED)
     with tempfile.TemporaryDirectory() as tmp:
-        fetch_wheel(WHEEL, Path(tmp))
+        fetch_wheel(WHEEL, Path(tmp), BLANKED, python_version="3.12")
         print("wrote", write(args.export_path))
 
 

@@ -40,43 +40,25 @@ import importlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch.json"
-OUT = ROOT / "tests" / "fixtures" / "trainer-dumps" / "slime"
+from trainer_sources import BATCH, DUMPS, POLICY, PROMPTS, ROOT, git_archive, load_reward
+
+OUT = DUMPS / "slime"
 # a vision run: make_trainer_dumps.py's scan of the vision demo policy, its images' files
-VISION_BATCH = ROOT / "tests" / "fixtures" / "trainer-dumps" / "batch-vision.json"
+VISION_BATCH = DUMPS / "batch-vision.json"
 VISION_POLICY = ROOT / "examples" / "checkpoints" / "vision" / "grounded"
 VISION_PROMPTS = ROOT / "examples" / "prompts" / "visual-gridworld.jsonl"
-VISION_OUT = ROOT / "tests" / "fixtures" / "trainer-dumps" / "slime-vision"
+VISION_OUT = DUMPS / "slime-vision"
 DEFAULT_REPO = "/work/.mirror/THUDM+slime/repo"
 EVAL_DATASET = "gridworld"
 WEIGHT_VERSION = "1"
 
 # third-party modules that may be replaced by a placeholder when missing
 STUBBABLE = ("httpx", "ray", "sglang", "megatron")
-
-
-def extract_slime(repo: str, rev: str, into: Path) -> str:
-    """`git archive REV slime` from the snapshot into `into`; returns the commit id."""
-    commit = subprocess.run(
-        ["git", "-C", repo, "rev-parse", f"{rev}^{{commit}}"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    archive = subprocess.run(
-        ["git", "-C", repo, "archive", commit, "slime"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return commit
 
 
 def stub_module(name: str) -> None:
@@ -205,14 +187,12 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(ROOT / "examples" / "rewards"))
-    from gridworld import compute_score
-
+    compute_score = load_reward()
     tokenizer = AutoTokenizer.from_pretrained(str(POLICY))
     groups = load_batch(tokenizer, compute_score)
 
     with tempfile.TemporaryDirectory(prefix="slime-src-") as source:
-        commit = extract_slime(args.slime_repo, args.rev, Path(source))
+        commit = git_archive(args.slime_repo, args.rev, "slime", Path(source))
         Sample, save_debug_rollout_data = import_slime(Path(source))
 
         shutil.rmtree(args.out / "rollout_data", ignore_errors=True)

@@ -21,20 +21,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from trainer_sources import DUMPS, POLICY, PROMPTS, ROOT, load_reward
+
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples" / "rewards"))
-from gridworld import compute_score  # noqa: E402
+from collapsecheck.engines.backends.base import SamplingParams, no_progress
+from collapsecheck.engines.backends.registry import load_backend
+from collapsecheck.inputs.checkpoint import require_checkpoint
+from collapsecheck.inputs.prompts import load_prompts, render_prompts
+from collapsecheck.settings import LoadSettings, PromptSettings
 
-from collapsecheck.engines.backends.base import SamplingParams, no_progress  # noqa: E402
-from collapsecheck.engines.backends.registry import load_backend  # noqa: E402
-from collapsecheck.inputs.checkpoint import require_checkpoint  # noqa: E402
-from collapsecheck.inputs.prompts import load_prompts, render_prompts  # noqa: E402
-from collapsecheck.settings import LoadSettings, PromptSettings  # noqa: E402
-
-POLICY = ROOT / "examples" / "demo-run" / "global_step_100"
-PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
-OUT = ROOT / "tests" / "fixtures" / "trainer-dumps"
+OUT = DUMPS
+compute_score = load_reward()
 N, K, NEW_TOKENS, SEED = 6, 4, 48, 7
 
 

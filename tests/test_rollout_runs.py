@@ -34,7 +34,7 @@ def error_lines(result):
 
 
 def test_each_step_pairs_with_the_checkpoint_before_it():
-    files = [RolloutFile.of(s, ROOT / f"{s}.jsonl", "verl") for s in (1, 2, 3, 5, 9)]
+    files = [RolloutFile(s, ROOT / f"{s}.jsonl", "verl", s - 1) for s in (1, 2, 3, 5, 9)]
     run = [RunCheckpoint(f"global_step_{s}", s, None) for s in (2, 4)]
     run.append(RunCheckpoint("unnumbered", None, None))
     pairings, skipped = pair_rollouts(files, run)

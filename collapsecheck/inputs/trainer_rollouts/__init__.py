@@ -73,11 +73,6 @@ class RolloutFile:
     trainer: str
     policy_step: int
 
-    @classmethod
-    def of(cls, step: int, path: Path, trainer: str) -> RolloutFile:
-        """Rollouts of a trainer that samples step s with the weights of step s - 1."""
-        return cls(step, path, trainer, step - 1)
-
 
 def rollout_files(folder: Path) -> list[RolloutFile]:
     """The trainer's training rollouts directly in `folder` (files, or a step's folder), in

@@ -4,6 +4,7 @@ on the way (which reward, how responses were grouped)."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,29 @@ class TrainerRollouts:
     step: int | None
     rows: list[Row]
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NamedSteps:
+    """A trainer that names each step's rollout file after the step (`name`: the file name's
+    pattern, the step its first group) and samples step s with the weights it saved at step
+    s - 1; `folder`: where it keeps them inside a run, None where the user chooses it
+    (--rollouts DIR)."""
+
+    name: re.Pattern[str]
+    folder: str | None = None
+
+    def named(self, path: Path) -> bool:
+        return path.is_file() and self.name.fullmatch(path.name) is not None
+
+    def step_of(self, path: Path) -> int:
+        return int(self.name.fullmatch(path.name).group(1))
+
+    def policy_step(self, path: Path) -> int:
+        return self.step_of(path) - 1
+
+    def beside(self, run_dir: Path) -> Path | None:
+        return None if self.folder is None else folder_holding(run_dir, self.folder, self.named)
 
 
 def folder_holding(run_dir: Path, name: str, matches: Callable[[Path], bool]) -> Path | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.trainer_rollouts.base import (
+    NamedSteps,
     Row,
     TrainerRollouts,
     assistant_turns,
@@ -42,21 +43,10 @@ CONTEXTS = ("messages", "prompt")
 AGENTIC = ("trajectory_data", "messages")
 
 
-def matches(path: Path) -> bool:
-    return path.is_file() and NAME.fullmatch(path.name) is not None
-
-
-def step_of(path: Path) -> int:
-    return int(NAME.fullmatch(path.name).group(1))
-
-
-def policy_step(path: Path) -> int:
-    return step_of(path) - 1
-
-
-def beside(run_dir: Path) -> None:
-    """None: ROLL writes where `rollout_dump_dir` says (--rollouts DIR)."""
-    return None
+LAYOUT = NamedSteps(NAME)  # no folder: ROLL writes where `rollout_dump_dir` says
+matches, step_of, policy_step, beside = (
+    LAYOUT.named, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
+)  # fmt: skip
 
 
 def columns(path: Path) -> dict[str, list[Any]]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.safe_load import Record, load_pickle
-from collapsecheck.inputs.trainer_rollouts.base import TrainerRollouts, folder_holding
+from collapsecheck.inputs.trainer_rollouts.base import NamedSteps, TrainerRollouts
 
 TRAINER = "skyrl"
 NAME = re.compile(r"global_step_(\d+)_training_input\.pkl")
@@ -45,21 +45,11 @@ RECORDS = (
 READ = ("sequences", "attention_mask", "response_mask")
 
 
-def matches(path: Path) -> bool:
-    return path.is_file() and NAME.fullmatch(path.name) is not None
-
-
-def step_of(path: Path) -> int:
-    return int(NAME.fullmatch(path.name).group(1))
-
-
-def policy_step(path: Path) -> int:
-    """The synchronous trainer's step N was sampled by the weights of step N - 1."""
-    return step_of(path) - 1
-
-
-def beside(run_dir: Path) -> Path | None:
-    return folder_holding(run_dir, FOLDER, matches)
+# the synchronous trainer's step N was sampled by the weights of step N - 1
+LAYOUT = NamedSteps(NAME, FOLDER)
+matches, step_of, policy_step, beside = (
+    LAYOUT.named, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
+)  # fmt: skip
 
 
 def decoded(entry: Any, path: Path, name: str) -> np.ndarray:

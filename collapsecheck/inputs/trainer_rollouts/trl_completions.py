@@ -25,8 +25,8 @@ from typing import Any
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import read_parquet_rows
 from collapsecheck.inputs.trainer_rollouts.base import (
+    NamedSteps,
     TrainerRollouts,
-    folder_holding,
     number,
     require,
 )
@@ -38,23 +38,11 @@ NOT_REWARDS = {"step", "prompt", "completion", "advantage", "image"}
 FOLDER = "completions"  # beside the checkpoints, in the output_dir
 
 
-def matches(path: Path) -> bool:
-    return path.is_file() and NAME.fullmatch(path.name) is not None
-
-
-def step_of(path: Path) -> int:
-    """The step in the file's name (the optimizer step after which TRL wrote it)."""
-    return int(NAME.fullmatch(path.name).group(1))
-
-
-def policy_step(path: Path) -> int:
-    """The checkpoint step that sampled the file's rollouts: the step before its update."""
-    return step_of(path) - 1
-
-
-def beside(run_dir: Path) -> Path | None:
-    """The folder of completions TRL keeps in its output_dir, if the run has one."""
-    return folder_holding(run_dir, FOLDER, matches)
+# the file of step s, written after update s from what the policy before it generated
+LAYOUT = NamedSteps(NAME, FOLDER)
+matches, step_of, policy_step, beside = (
+    LAYOUT.named, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
+)  # fmt: skip
 
 
 def completion_text(value: Any, where: str) -> str:

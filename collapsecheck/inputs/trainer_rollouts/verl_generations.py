@@ -21,15 +21,27 @@ from pathlib import Path
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
-from collapsecheck.inputs.trainer_rollouts.base import Row, TrainerRollouts, number, require, text
+from collapsecheck.inputs.trainer_rollouts.base import (
+    NamedSteps,
+    Row,
+    TrainerRollouts,
+    number,
+    require,
+    text,
+)
 
 TRAINER = "verl"
 NAME = re.compile(r"(\d+)\.jsonl")
 FIELDS = ("input", "output", "score")
 
 
+LAYOUT = NamedSteps(NAME)  # no folder: veRL writes where `rollout_data_dir` says
+step_of, policy_step, beside = LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
+
+
 def matches(path: Path) -> bool:
-    if not (path.is_file() and NAME.fullmatch(path.name)):
+    """A `{step}.jsonl` whose first row has veRL's fields."""
+    if not LAYOUT.named(path):
         return False
     with path.open(encoding="utf-8") as stream:
         first = stream.readline()
@@ -38,21 +50,6 @@ def matches(path: Path) -> bool:
     except json.JSONDecodeError:
         return False
     return isinstance(row, dict) and all(f in row for f in FIELDS)
-
-
-def step_of(path: Path) -> int:
-    """The global step in the file's name (the step whose update the rollouts fed)."""
-    return int(NAME.fullmatch(path.name).group(1))
-
-
-def policy_step(path: Path) -> int:
-    """The checkpoint step that sampled the file's rollouts: the step before its update."""
-    return step_of(path) - 1
-
-
-def beside(run_dir: Path) -> Path | None:
-    """None: veRL keeps `rollout_data_dir` wherever the user set it (--rollouts DIR)."""
-    return None
 
 
 def copies_note(rows: list[Row], has_gts: bool) -> list[str]:

@@ -470,3 +470,15 @@ def test_slimes_vision_dump_reads_its_images_and_scores_as_the_scan_that_sampled
     ]  # the PNG made of the pickled pixels is the board's own file, byte for byte
     with np.load(scored / "cross_logprobs.npz") as a, np.load(scanned / "cross_logprobs.npz") as b:
         assert np.allclose(a["sum"], b["sum"], atol=1e-5, equal_nan=True)
+
+
+def test_a_scans_dump_in_a_folder_named_like_a_step_is_still_a_dump(tmp_path):
+    """Its traces.jsonl is not prime-rl's (that sits at step_N/{train,eval}/{subset}/)."""
+    import collapsecheck
+
+    dump = tmp_path / "step_5"
+    collapsecheck.scan(HEALTHY, PROMPTS, dump=dump, num_prompts=3, k=2, max_new_tokens=24,
+                       device="cpu", bootstrap=50)  # fmt: skip
+    assert trainer_rollouts(dump / "traces.jsonl") is None
+    result = score(dump, "-c", HEALTHY)
+    assert result.returncode == 0, result.stderr

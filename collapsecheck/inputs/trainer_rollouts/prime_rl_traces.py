@@ -51,11 +51,14 @@ PREFERRED = ("train/effective", "train/all", "eval/effective", "eval/all")
 
 
 def step_folder(path: Path) -> Path | None:
-    """The `step_N` folder a path is, or holds its traces.jsonl."""
-    for folder in (path, *path.parents[:3]):
-        if STEP.fullmatch(folder.name):
-            return folder
-    return None
+    """The `step_N` folder a path is, or whose `{kind}/{subset}/traces.jsonl` it is (a
+    scan's dump inside a folder named step_N is not one)."""
+    folder = path
+    if path.is_file():
+        if path.name != FILE or f"{path.parent.parent.name}/{path.parent.name}" not in PREFERRED:
+            return None
+        folder = path.parent.parent.parent
+    return folder if STEP.fullmatch(folder.name) else None
 
 
 def traces_file(path: Path) -> Path | None:
@@ -65,8 +68,6 @@ def traces_file(path: Path) -> Path | None:
 
 
 def matches(path: Path) -> bool:
-    if path.is_file() and path.name != FILE:
-        return False
     return step_folder(path) is not None and traces_file(path) is not None
 
 

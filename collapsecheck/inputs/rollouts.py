@@ -147,13 +147,16 @@ def token_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def text_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """Text a trainer kept, as ids: tokenized as it stands, no special token added."""
+    return tuple(int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def _sample(turn: _Turn, tokenizer: Any, stop_ids: Sequence[int]) -> Sample:
     """The response as ids: those the trainer kept, else its text tokenized; a stop token at
     the end (a trainer that keeps special tokens kept it) dropped, as sampling drops it."""
-    if isinstance(turn.response, tuple):
-        ids = turn.response
-    else:
-        ids = tuple(int(i) for i in tokenizer(turn.response, add_special_tokens=False)["input_ids"])
+    kept = isinstance(turn.response, tuple)
+    ids = turn.response if kept else text_ids(tokenizer, turn.response)
     return Sample(ids[:-1] if ids and ids[-1] in stop_ids else ids, turn.truncated)
 
 
@@ -356,9 +359,7 @@ def as_context(turn: _Turn, tokenizer: Any) -> tuple[int, ...] | None:
     """A context the trainer kept as rendered text, as ids (no special tokens added)."""
     if not turn.rendered:
         return None
-    return tuple(
-        int(i) for i in tokenizer(turn.prompt.content, add_special_tokens=False)["input_ids"]
-    )
+    return text_ids(tokenizer, turn.prompt.content)
 
 
 def _rewards(

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.rollouts import RolloutOptions, parse_rollouts
 from collapsecheck.inputs.safe_load import load_pickle, load_torch
 from collapsecheck.inputs.trainer_rollouts import rollout_files, trainer_rollouts
 from tests.conftest import HEALTHY, PROMPTS, ROOT
@@ -98,7 +99,7 @@ def test_slimes_dict_reward_aborted_samples_and_evaluation_dump():
     assert {r["score"] for _, r, _ in read.rows} <= {-1.0, 1.0}
     evaluation = trainer_rollouts(SLIME / "eval_3.pt")
     assert evaluation.step is None and "weights of iter_3" in evaluation.notes[0]
-    groups = {r["group"] for _, r, _ in evaluation.rows}
+    groups = parse_rollouts(SLIME / "eval_3.pt", RolloutOptions()).groups
     assert len(groups) == len(BATCH)  # grouped by the prompt's ids: no group_index in evals
 
 

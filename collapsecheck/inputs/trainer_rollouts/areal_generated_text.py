@@ -50,7 +50,7 @@ def records(file: Path) -> list[Row]:
         reward = number(_float(found.group(4), where), where, "reward")
         prompt, completion = found.group(5), found.group(6)
         rows.append((where, {"prompt": prompt, "rendered": True, "response": completion,
-                             "reward": reward, "group": prompt}, line))  # fmt: skip
+                             "reward": reward}, line))  # fmt: skip
     if at != len(content):
         raise not_a_record(file, content, at)
     return rows
@@ -76,7 +76,7 @@ def read(path: Path) -> TrainerRollouts:
     kind, version = LAYOUT.kind(path), LAYOUT.version(path)
     notes = [
         f"AReaL {kind} of version {version} (text dumps, before v0.5.2): {len(rows)} "
-        f"samples of {len({r['group'] for _, r, _ in rows})} prompts, each prompt scored as the "
+        f"samples of {len({r['prompt'] for _, r, _ in rows})} prompts, each prompt scored as the "
         f"context AReaL decoded (special tokens kept), paired with the checkpoint of step "
         f"{policy_step(path)}"
     ]

@@ -101,7 +101,6 @@ def sample_row(row: dict[str, Any], where: str) -> dict[str, Any]:
         "rendered": True,
         "response": text(row["completion"], where, "completion"),
         "reward": number(row["reward"], where, "reward"),
-        "group": prompt,
     }
 
 
@@ -126,7 +125,7 @@ def read(path: Path) -> TrainerRollouts:
     version, kind = LAYOUT.version(path), LAYOUT.kind(path)
     notes = [
         f"AReaL {kind} of version {version}: {len(rows)} samples of "
-        f"{len({r['group'] for _, r, _ in rows})} prompts, each prompt scored as the context "
+        f"{len({r['prompt'] for _, r, _ in rows})} prompts, each prompt scored as the context "
         "AReaL decoded (special tokens kept), paired with the checkpoint of step "
         f"{policy_step(path)}",
         f"{older} sample(s) record tokens of an older version than {version} "

@@ -122,12 +122,11 @@ def read(path: Path) -> TrainerRollouts:
         where = f"{path}:1, response {index + 1}"
         name, prompt = context(data, index, where)
         used.add(name)
-        group = data["id"][index] if "id" in data else json.dumps(prompt, sort_keys=True)
         rows.append((where, {
             "prompt": prompt,
             "response": text(data["responses"][index], where, "responses"),
             "reward": number(data["scores"][index], where, "scores"),
-            "group": group,
+            **({"group": data["id"][index]} if "id" in data else {}),  # else by the prompt
         }, index + 1))  # fmt: skip
     if not rows:
         raise CollapsecheckError(f"{path}: no responses (the columns are empty)")

@@ -21,7 +21,6 @@ may have used older ones (`max_staleness_steps`)."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -100,7 +99,7 @@ def read(path: Path) -> TrainerRollouts:
         if not prompt or not response:
             raise CollapsecheckError(f"{path}, row {row + 1}: no prompt or no response tokens")
         read_rows.append((f"{path}, row {row + 1}", {
-            "prompt_ids": prompt, "response_ids": response, "group": json.dumps(prompt),
+            "prompt_ids": prompt, "response_ids": response,
         }, row + 1))  # fmt: skip
     if not read_rows:
         raise CollapsecheckError(f"{path}: no rows")

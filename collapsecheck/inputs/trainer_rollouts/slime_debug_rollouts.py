@@ -24,7 +24,6 @@ left out, counted in a note."""
 
 from __future__ import annotations
 
-import json
 import re
 import zipfile
 from collections import Counter
@@ -48,7 +47,6 @@ ROLLOUT_ID = re.compile(r"(?P<eval>eval_)?(?P<id>\d+)(?!.*\d)")
 FOLDER = "rollout_data"  # --dump-details DIR writes DIR/rollout_data/{rollout_id}.pt
 FIELDS = ("prompt", "tokens", "response_length", "status")
 KEPT = ("completed", "truncated")  # aborted and failed samples are not trained on
-ROW_KEYS = {"prompt", "prompt_ids", "response_ids", "truncated", "group"}
 
 
 def matches(path: Path) -> bool:
@@ -105,10 +103,13 @@ def reward_fields(reward: Any, where: str) -> dict[str, Any]:
     return {"reward": number(reward, where, "reward")}
 
 
-def reward_notes(rows: Iterable[dict[str, Any]]) -> list[str]:
-    """Which of a reward dict's keys is read: `score` (the default reward field) unless
-    --reward-field names another."""
-    keys = sorted({k for row in rows if "reward" not in row for k in row if k not in ROW_KEYS})
+def reward_notes(samples: Iterable[dict[str, Any]]) -> list[str]:
+    """Which of a reward dict's keys (those `reward_fields` keeps) is read: `score` (the
+    default reward field) unless --reward-field names another."""
+    keys = sorted({
+        key for sample in samples if isinstance(sample.get("reward"), dict)
+        for key in reward_fields(sample["reward"], "")
+    })  # fmt: skip
     if not keys:
         return []
     read = "'score' is read" if "score" in keys else "none is read"
@@ -136,7 +137,7 @@ def sample_row(sample: Any, where: str) -> dict[str, Any]:
         "prompt_ids": prompt_ids,
         "response_ids": list(tokens[len(tokens) - length :]),
         "truncated": sample["status"] == "truncated",
-        "group": json.dumps([prompt_ids, [i.sha256 for i in images]] if group is None else group),
+        **({} if group is None else {"group": group}),  # else grouped by ids and images
         **({"prompt_images": images} if images else {}),
         **reward_fields(sample.get("reward"), where),
     }
@@ -155,7 +156,7 @@ def sample_images(inputs: Any, where: str) -> list[PromptImage]:
 
 
 def read(path: Path) -> TrainerRollouts:
-    rows, left_out = [], Counter()
+    rows, kept, left_out = [], [], Counter()
     for index, sample in enumerate(samples_of(path), start=1):
         where = f"{path}, sample {index}"
         status = sample.get("status") if isinstance(sample, dict) else None
@@ -163,6 +164,7 @@ def read(path: Path) -> TrainerRollouts:
             left_out[str(status)] += 1
             continue
         rows.append((where, sample_row(sample, where), index))
+        kept.append(sample)
     if not rows:
         raise CollapsecheckError(f"{path}: no completed or truncated samples")
     kind = "evaluation" if is_evaluation(path) else "rollout"
@@ -180,5 +182,5 @@ def read(path: Path) -> TrainerRollouts:
     if left_out:
         counted = ", ".join(f"{n} {status}" for status, n in sorted(left_out.items()))
         notes.append(f"left out {counted} sample(s): slime does not train on them")
-    notes += reward_notes(sample for _, sample, _ in rows)
+    notes += reward_notes(kept)
     return TrainerRollouts(TRAINER, step_of(path), rows, notes)

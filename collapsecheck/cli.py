@@ -233,6 +233,9 @@ def finish_gate(
     if junit is not None:
         write_junit(junit, suite, results)
     failed = failures(results) if enforce else []
+    for result in results:
+        if enforce and result.undecided:
+            stderr.print(f"[bold yellow]gate passed, undecided[/]: {escape(result.message)}")
     for result in failed:
         stderr.print(
             f"[bold red]gate failed[/] (rule: {escape(result.name)}): {escape(result.message)}"

@@ -58,11 +58,48 @@ def test_interval_straddling_the_high_threshold_is_inconclusive():
     assert "retrieval_skill interval [0.65, 0.85] straddles 0.7" in verdict.reason
 
 
-def test_entropy_straddle_flips_collapse_kind_so_inconclusive():
-    assert decide(metrics(0.05, 0.05, 0.05, width=0.02)).regime == "inconclusive"
-    # for a grounded policy it only changes the style, not the regime
+def test_collapse_of_uncertain_kind_is_still_a_collapse():
+    # the GRPO run's checkpoint-60: dependence collapsed beyond its interval, entropy 0.031
+    # [0.008, 0.066] across the 0.05 line: a collapse, its kind open
+    values = metrics(0.0, 0.003, 0.031)
+    values["conditional_entropy_est"] = Estimate(0.031, 0.008, 0.066)
+    verdict = decide(values)
+    assert verdict.is_collapse and verdict.kind_uncertain
+    assert verdict.regime == "low_entropy_collapse"  # the point estimate's kind
+    assert verdict.label == "low_entropy_collapse (kind uncertain)"
+    assert "conditional entropy interval [0.01, 0.07] straddles 0.05" in verdict.reason
+    above = decide(metrics(0.05, 0.05, 0.06, width=0.02))
+    assert (above.regime, above.kind_uncertain) == ("template_collapse", True)
+    partial = decide(metrics(0.5, 0.45, 0.05, width=0.02))
+    assert partial.label == "template_collapse (partial, kind uncertain)"
+    # a kind the interval settles is not uncertain
+    assert not decide(metrics(0.05, 0.05, 0.5, width=0.02)).kind_uncertain
+    # for a grounded policy the entropy only changes the style, never the regime
     grounded = decide(metrics(0.95, 0.95, 0.05, width=0.02))
-    assert (grounded.regime, grounded.style) == ("grounded", "diverse")
+    assert (grounded.regime, grounded.style, grounded.kind_uncertain) == (
+        "grounded",
+        "diverse",
+        False,
+    )
+
+
+def test_grounded_or_collapsed_stays_inconclusive_and_the_default_gate_says_it_passes_it():
+    from collapsecheck.config import GateConfig
+    from collapsecheck.reports.gate import check_report
+    from collapsecheck.reports.report import Report
+
+    verdict = decide(metrics(0.72, 0.75, 0.4, width=0.1))
+    assert verdict.regime == "inconclusive" and not verdict.kind_uncertain
+    assert "could be grounded or a collapse" in verdict.reason
+    report = Report.from_dict(
+        {"metrics": {}, "verdict": verdict.to_dict(), "settings": {}, "counts": {}}
+    )
+    (regime, _flow) = check_report(report, GateConfig())
+    assert regime.passed and regime.undecided
+    assert "--fail-on inconclusive fails it" in regime.message
+    strict = GateConfig(fail_on=frozenset({"inconclusive"}))
+    (regime, _flow) = check_report(report, strict)
+    assert not regime.passed and not regime.undecided
 
 
 def test_reason_names_the_numbers():

@@ -44,10 +44,14 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Verdict:
+    """SPEC "The verdict". `kind_uncertain`: a collapse beyond its interval whose kind the
+    entropy's interval leaves open; `regime` then names the point estimate's kind."""
+
     regime: str
     style: str | None
     partial: bool
     reason: str
+    kind_uncertain: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -55,6 +59,15 @@ class Verdict:
     @property
     def is_collapse(self) -> bool:
         return self.regime in COLLAPSES
+
+    @property
+    def label(self) -> str:
+        """The regime with what qualifies it, as a person reads it:
+        `template_collapse (partial, kind uncertain)`."""
+        qualifiers = [q for q in (self.style, "partial" if self.partial else None) if q]
+        if self.kind_uncertain:
+            qualifiers.append("kind uncertain")
+        return self.regime + (f" ({', '.join(qualifiers)})" if qualifiers else "")
 
 
 def _dependence_level(values: list[float], t: Thresholds) -> str:
@@ -119,8 +132,9 @@ def mismatch_reason(metrics: Mapping[str, MetricValue]) -> str | None:
 
 def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = None) -> Verdict:
     """Regime from input dependence (retrieval skill, normalized MI) and diversity (H(Z|X)
-    per token); inconclusive where an interval straddles a threshold or the traces do not fit
-    the checkpoint (`mismatch_reason`)."""
+    per token); inconclusive where the dependence's intervals leave both grounded and a collapse
+    open, or the traces do not fit the checkpoint (`mismatch_reason`). A collapse beyond its
+    intervals whose kind the entropy's interval leaves open is a collapse, `kind_uncertain`."""
     t = thresholds or Thresholds()
     mismatch = mismatch_reason(metrics)
     if mismatch is not None:
@@ -144,8 +158,6 @@ def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = N
             for k in DEPENDENCE_KEYS
             if interval_bounds(metrics[k])[0] < t.dependence_high <= interval_bounds(metrics[k])[1]
         ]
-    if not high_is_possible and entropy_is_ambiguous:
-        straddles.append(_straddle_phrase("conditional entropy", entropy, t.entropy_low))
     if straddles:
         return Verdict(
             regime=INCONCLUSIVE,
@@ -154,15 +166,24 @@ def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = N
             reason=f"{_dependence_phrase(metrics, level)}; "
             f"{_diversity_phrase(metrics, low_entropy, level == 'high')}; but the "
             + " and the ".join(straddles)
-            + ", so the regime could flip: raise the number of prompts (N) or samples (K)",
+            + ", so it could be grounded or a collapse: raise the number of prompts (N) or "
+            "samples (K)",
         )
 
     grounded = level == "high"
     regime = GROUNDED if grounded else LOW_ENTROPY_COLLAPSE if low_entropy else TEMPLATE_COLLAPSE
+    kind_uncertain = not grounded and entropy_is_ambiguous
+    kind = (
+        f"; the {_straddle_phrase('conditional entropy', entropy, t.entropy_low)}, so it is a "
+        "collapse of either kind (template or low-entropy), named here by the point estimate"
+        if kind_uncertain
+        else ""
+    )
     return Verdict(
         regime=regime,
         style=("compressed" if low_entropy else "diverse") if grounded else None,
         partial=level == "partial",
         reason=f"{_dependence_phrase(metrics, level)}; "
-        f"{_diversity_phrase(metrics, low_entropy, grounded)}",
+        f"{_diversity_phrase(metrics, low_entropy, grounded)}{kind}",
+        kind_uncertain=kind_uncertain,
     )

@@ -116,12 +116,7 @@ def metrics_table(report: Report) -> Table:
 
 def regime_text(report: Report) -> Text:
     verdict = report.verdict
-    name = verdict.regime
-    if verdict.style:
-        name += f" ({verdict.style})"
-    if verdict.partial:
-        name += " (partial)"
-    return Text(name, style=REGIME_STYLES.get(verdict.regime, COLLAPSE_STYLE))
+    return Text(verdict.label, style=REGIME_STYLES.get(verdict.regime, COLLAPSE_STYLE))
 
 
 def verdict_line(report: Report) -> Text:

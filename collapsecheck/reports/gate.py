@@ -14,6 +14,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
 from collapsecheck.formatting import format_metric, format_number
 from collapsecheck.measures.metrics import Estimate
+from collapsecheck.measures.verdict import INCONCLUSIVE
 from collapsecheck.reports.report import KEY_METRICS, Report
 from collapsecheck.reports.run_report import RunReport
 
@@ -22,9 +23,16 @@ RUN_KEYS = ("normalized_mi", "retrieval_skill", "conditional_entropy_est")
 
 @dataclass(frozen=True)
 class RuleResult:
+    """One gate rule's outcome; `undecided`: it passed a verdict that could be a collapse
+    (`inconclusive` outside --fail-on), which the console says (SPEC "The verdict")."""
+
     name: str
     passed: bool
     message: str
+    undecided: bool = False
+
+
+UNDECIDED = "; this gate passes what it could not decide: --fail-on inconclusive fails it"
 
 
 def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
@@ -34,12 +42,15 @@ def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
     for name, verdict in (("regime", report.verdict), ("flow", report.flow)):
         regime = verdict.regime
         failed = regime in gate.fail_on
+        undecided = name == "regime" and regime == INCONCLUSIVE and not failed
         results.append(
             RuleResult(
                 name,
                 not failed,
                 f"{'flow ' if name == 'flow' else ''}verdict {regime} "
-                f"{'is' if failed else 'is not'} in --fail-on ({listed}): {verdict.reason}",
+                f"{'is' if failed else 'is not'} in --fail-on ({listed}): {verdict.reason}"
+                + (UNDECIDED if undecided else ""),
+                undecided,
             )
         )
     for key, minimum in sorted(gate.minimums.items()):
@@ -100,7 +111,7 @@ def markdown_run(run: RunReport) -> list[str]:
     for step in run.steps:
         report = step.report
         cells = [_cell(report, key) for key in RUN_KEYS]
-        cells += [f"`{report.verdict.regime}`", f"`{report.flow.regime}`"]
+        cells += [f"`{report.verdict.label}`", f"`{report.flow.regime}`"]
         windows = [step.training_log.get(name) for name in logged]
         cells += ["-" if w is None else format_number(w.mean) for w in windows]
         lines.append(f"| {step.checkpoint.label} | {' | '.join(cells)} |")
@@ -136,10 +147,7 @@ def markdown_report(
         "",
         *([link, ""] if link else []),
         *(markdown_run(run) if run is not None else []),
-        f"**Verdict: `{report.verdict.regime}`**"
-        + (f" ({report.verdict.style})" if report.verdict.style else "")
-        + (" (partial)" if report.verdict.partial else "")
-        + f": {report.verdict.reason}",
+        f"**Verdict: `{report.verdict.label}`**: {report.verdict.reason}",
         "",
         f"**Flow: `{report.flow.regime}`**: {report.flow.reason}",
         "",

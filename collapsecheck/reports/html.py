@@ -102,8 +102,6 @@ def note(text: str) -> str:
 
 def verdict_banner(report: Report) -> str:
     verdict = report.verdict
-    style = f" ({verdict.style})" if verdict.style else ""
-    partial = " (partial)" if verdict.partial else ""
     flow = report.flow
     flow_line = (
         f"<br>flow: <b>{escape(flow.regime.replace('_', ' '))}</b> — {escape(flow.reason)}"
@@ -112,7 +110,7 @@ def verdict_banner(report: Report) -> str:
     )
     return (
         f'<div class="verdict {escape(verdict.regime)}">verdict: '
-        f"<b>{escape(verdict.regime.replace('_', ' '))}{escape(style + partial)}</b> — "
+        f"<b>{escape(verdict.label.replace('_', ' '))}</b> — "
         f"{escape(verdict.reason)}{flow_line}</div>"
     )
 

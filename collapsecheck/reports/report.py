@@ -133,6 +133,7 @@ class Report:
         )
         values["collapsed"] = float(self.verdict.is_collapse)
         values["inconclusive"] = float(self.verdict.regime == "inconclusive")
+        values["kind_uncertain"] = float(self.verdict.kind_uncertain)
         if self.flow.regime != NOT_MEASURED:
             values["flow_faithful"] = float(self.flow.regime == "faithful")
         return {f"{prefix}{k}": float(v) for k, v in values.items() if not math.isnan(v)}
@@ -185,7 +186,11 @@ class Report:
         return cls(
             metrics={k: metric_from_json(v) for k, v in data["metrics"].items()},
             verdict=Verdict(
-                verdict["regime"], verdict.get("style"), bool(verdict["partial"]), verdict["reason"]
+                verdict["regime"],
+                verdict.get("style"),
+                bool(verdict["partial"]),
+                verdict["reason"],
+                bool(verdict.get("kind_uncertain", False)),
             ),
             flow=FlowVerdict(**data.get("flow") or NO_FLOW),
             thresholds=Thresholds(**_fields_of(Thresholds, data.get("thresholds", {}))),

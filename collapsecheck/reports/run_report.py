@@ -131,6 +131,7 @@ class RunReport:
             row: dict[str, Any] = {"step": step.checkpoint.label}
             row.update({key: point_value(metrics[key]) for key in (*KEY_METRICS, *EMA_KEYS)})
             row["regime"] = step.report.verdict.regime
+            row["kind_uncertain"] = step.report.verdict.kind_uncertain
             row["flow"] = step.report.flow.regime
             row.update({key: point_value(metrics[key]) for key in FLOW_SHARES if key in metrics})
             rows.append(row)

@@ -220,7 +220,7 @@ def step_line(report: Report, unit: WorkUnit, written: float) -> str:
     pairing = pairing_of(unit.traces)
     scored = f"rollouts scored by {pairing.describe()}, " if pairing is not None else ""
     return (
-        f"step {unit.label}: {report.verdict.regime}, normalized MI "
+        f"step {unit.label}: {report.verdict.label}, normalized MI "
         f"{format_number(report.value('normalized_mi'))}, retrieval skill "
         f"{format_number(report.value('retrieval_skill'))} ({scored}written {at}, diagnosed "
         f"{lag:.0f} s later)"
@@ -312,7 +312,7 @@ class Watch:
                 (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
                                      labelled=False)  # fmt: skip
                 self.followed.done[unit_key(unit)] = (unit, report)
-                self.say(f"step {unit.label}: {report.verdict.regime} (from the results cache)")
+                self.say(f"step {unit.label}: {report.verdict.label} (from the results cache)")
                 self.after_step(self.run_report(), unit.row, report)
 
     def run_report(self) -> RunReport:

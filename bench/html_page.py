@@ -61,7 +61,7 @@ def synthetic_evidence(n: int, k: int, strength: float, rng: np.random.Generator
     row_prompt = np.repeat(np.arange(n), k)
     mean = rng.normal(-2.0, 0.1, size=(n * k, n))
     mean[np.arange(n * k), row_prompt] += strength
-    matrix = CrossLogProbs(mean * 60, mean, row_prompt, np.arange(n))
+    matrix = CrossLogProbs(mean * 60, mean, row_prompt)
     reasoning = [" ".join(rng.choice(WORDS, size=60)) for _ in range(n * k)]
     return Evidence(matrix, reasoning, [f"prompt {j}" for j in range(n)])
 

@@ -51,12 +51,10 @@ MARKER = "## Sampled negatives and swaps"
 
 
 def sampled_matrix(full: CrossLogProbs, negatives: int, seed: int) -> CrossLogProbs:
-    groups = full.column_group
-    under = negative_groups(groups, negatives, seed)
-    scored_group = np.zeros(full.sum.shape, dtype=bool)
+    under = negative_groups(full.prompt_groups, negatives, seed)
+    scored = np.zeros(full.sum.shape, dtype=bool)
     for row, prompt in enumerate(full.row_prompt):
-        scored_group[row, under[int(groups[prompt])]] = True
-    scored = scored_group[:, groups]
+        scored[row, under[int(prompt)]] = True
     return dataclasses.replace(
         full, sum=np.where(scored, full.sum, np.nan), mean=np.where(scored, full.mean, np.nan),
         scored=scored,
@@ -64,9 +62,9 @@ def sampled_matrix(full: CrossLogProbs, negatives: int, seed: int) -> CrossLogPr
 
 
 def sampled_flow(full: FlowLogProbs, negatives: int, seed: int) -> FlowLogProbs:
-    groups = full.column_group
+    groups = full.prompt_groups
     under = negative_groups(groups, negatives, seed)
-    own = groups[full.row_prompt]
+    own = full.row_prompt
     inputs = np.zeros(full.input.shape, dtype=bool)
     swapped = np.zeros(full.reasoning.shape, dtype=bool)
     for row, chosen in enumerate(chosen_swaps(own, under, swap_count(negatives), seed)):

@@ -43,3 +43,17 @@ def format_metric(key: str, x: float) -> str:
 
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def prompts_phrase(prompts: int, rows: int) -> str:
+    """`8 prompts`, or `8 prompts (from 16 rows: identical contexts count once)` (SPEC
+    "Identical contexts are one prompt")."""
+    said = plural(prompts, "prompt")
+    return said if rows == prompts else f"{said} (from {rows} rows: identical contexts count once)"
+
+
+def samples_phrase(fewest: int, most: int) -> str:
+    """`8 samples`, or `1 to 8 samples (each trace weighs the same)` where prompts differ."""
+    if fewest == most:
+        return plural(most, "sample")
+    return f"{fewest} to {most} samples (each trace weighs the same)"

@@ -29,7 +29,6 @@ def flow(input_fn, reasoning_fn, natural_fn, same_reasoning=False, actions=None)
         reasoning=np.array([[reasoning_fn(rows[r], rows[s]) for s in range(m)] for r in range(m)]),
         natural=np.array([[natural_fn(rows[r], rows[s]) for s in range(m)] for r in range(m)]),
         row_prompt=rows,
-        column_group=np.arange(N),
         reasoning_group=np.zeros(m, np.int64) if same_reasoning else rows.copy(),
         actions=actions or [f"move {p}" for p in rows],
         responses_per_prompt=np.full(N, float(K)),

@@ -18,16 +18,10 @@ from collapsecheck.measures.metrics import (
 )
 
 
-def matrix(sums, row_prompt, groups=None, lengths=None):
+def matrix(sums, row_prompt, lengths=None):
     sums = np.asarray(sums, dtype=float)
     lengths = np.ones(len(sums)) if lengths is None else np.asarray(lengths, float)
-    n = sums.shape[1]
-    return CrossLogProbs(
-        sum=sums,
-        mean=sums / lengths[:, None],
-        row_prompt=np.asarray(row_prompt),
-        column_group=np.arange(n) if groups is None else np.asarray(groups),
-    )
+    return CrossLogProbs(sum=sums, mean=sums / lengths[:, None], row_prompt=np.asarray(row_prompt))
 
 
 def counts_for(scores, k):
@@ -86,15 +80,6 @@ def test_tie_rule_on_one_row():
     # own prompt 1 is third: no hit at k=1 or 2, a hit at k=3
     assert retrieval_scores(row, np.array([1]), np.arange(4), 2)[0] == 0.0
     assert retrieval_scores(row, np.array([1]), np.arange(4), 3)[0] == 1.0
-
-
-def test_duplicate_prompts_count_as_one_for_retrieval():
-    # columns 0 and 1 are the same prompt rendered twice
-    scores = matrix([[-1.0, -1.0, -5.0], [-6.0, -6.0, -2.0]], [0, 2], groups=[0, 0, 2])
-    m = compute_metrics(scores, counts_for(scores, 1), resamples=20)
-    assert value(m["retrieval_accuracy"]) == 1.0
-    # chance: 2 of 3 columns are right for row 0, 1 of 3 for row 1
-    assert m["retrieval_chance_level"] == pytest.approx((2 / 3 + 1 / 3) / 2)
 
 
 def test_retrieval_at_k_is_capped_at_n():
@@ -185,7 +170,7 @@ def test_run_ema_follows_the_steps():
 def test_sampled_negatives_estimator_by_hand():
     sums = np.array([[-1.0, -9.0, -3.0, -9.0], [-9.0, -2.0, -9.0, -1.5]])
     scored = np.array([[True, False, True, False], [False, True, False, True]])
-    scores = CrossLogProbs(sums, sums, np.array([0, 1]), np.arange(4), scored)
+    scores = CrossLogProbs(sums, sums, np.array([0, 1]), scored)
     m = compute_metrics(scores, counts_for(scores, 1), resamples=20)
     # row 0: own p0 plus the 3 other prompts estimated from the one sampled (weight 3 / 1)
     marginal0 = math.log(math.exp(-1) + 3 * math.exp(-3)) - math.log(4)
@@ -201,8 +186,7 @@ def test_full_mask_equals_no_mask():
     rng = np.random.default_rng(5)
     sums = rng.normal(-10, 3, size=(12, 4))
     plain = matrix(sums, np.repeat(np.arange(4), 3))
-    masked = CrossLogProbs(plain.sum, plain.mean, plain.row_prompt, plain.column_group,
-                           np.ones((12, 4), dtype=bool))  # fmt: skip
+    masked = CrossLogProbs(plain.sum, plain.mean, plain.row_prompt, np.ones((12, 4), dtype=bool))
     assert compute_metrics(plain, counts_for(plain, 3), resamples=50) == compute_metrics(
         masked, counts_for(masked, 3), resamples=50
     )
@@ -210,5 +194,4 @@ def test_full_mask_equals_no_mask():
 
 def test_own_prompt_must_be_scored():
     with pytest.raises(ValueError, match="own prompt"):
-        CrossLogProbs(np.zeros((1, 2)), np.zeros((1, 2)), np.array([0]), np.arange(2),
-                      np.array([[False, True]]))  # fmt: skip
+        CrossLogProbs(np.zeros((1, 2)), np.zeros((1, 2)), np.array([0]), np.array([[False, True]]))

@@ -99,7 +99,7 @@ def test_the_sampled_swaps_are_unbiased_even_with_repeated_reasoning():
     matrix = rng.normal(-3, 1.5, size=(m, m))
     flow = FlowLogProbs(
         input=np.zeros((m, n)), reasoning=matrix, natural=matrix, row_prompt=rows,
-        column_group=np.arange(n), reasoning_group=reasoning_group, actions=["a"] * m,
+        reasoning_group=reasoning_group, actions=["a"] * m,
         responses_per_prompt=np.full(n, float(k)),
     )  # fmt: skip
     full = np.diag(matrix) - flow_rows(flow)["reasoning"]

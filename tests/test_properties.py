@@ -27,7 +27,7 @@ def matrices(draw):
 
 
 def build(sums, lengths, rows, n, k):
-    scores = CrossLogProbs(sums, sums / lengths[:, None], rows, np.arange(n))
+    scores = CrossLogProbs(sums, sums / lengths[:, None], rows)
     full = np.full(n, float(k))
     counts = PromptCounts(full, full, np.zeros(n), full)
     return scores, counts

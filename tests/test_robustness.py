@@ -175,9 +175,14 @@ def test_duplicate_prompts_count_once_and_two_prompts_suffice(tmp_path):
     duplicated = tmp_path / "dup.jsonl"
     duplicated.write_text("\n".join([lines[0], lines[1], lines[0], lines[2]]) + "\n")
     report = scan(HEALTHY, duplicated, **{**FAST, "num_prompts": None})
-    assert (report.counts["prompts"], report.counts["distinct_prompts"]) == (4, 3)
-    # two of four columns are right for rows of the duplicated prompt: chance is corrected
-    assert report.metrics["retrieval_chance_level"] == pytest.approx((2 * 2 / 4 + 2 * 1 / 4) / 4)
+    # identical contexts are one prompt: 3 columns, chance 1/3, the plain file's numbers
+    assert (report.counts["prompts"], report.counts["input_rows"]) == (3, 4)
+    assert report.settings["prompt_sources"] == [[0, 2], [1], [3]]
+    assert report.metrics["retrieval_chance_level"] == pytest.approx(1 / 3)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("\n".join(lines[:3]) + "\n")
+    once = scan(HEALTHY, plain, **{**FAST, "num_prompts": None})
+    assert report.metrics == once.metrics and report.verdict == once.verdict
     two = tmp_path / "two.jsonl"
     two.write_text("\n".join(lines[:2]) + "\n")
     assert scan(HEALTHY, two, **{**FAST, "num_prompts": None}).settings["num_prompts"] == 2

@@ -341,7 +341,7 @@ def hand_made(n: int = 4, k: int = 3):
     row_prompt = np.repeat(np.arange(n), k)
     full = rng.normal(-30.0, 1.0, size=(n * k, n))
     full[np.arange(n * k), row_prompt] += 6.0  # the reasoning names its prompt
-    return CrossLogProbs(full, full / 10, row_prompt, np.arange(n)), row_prompt
+    return CrossLogProbs(full, full / 10, row_prompt), row_prompt
 
 
 def test_image_share_is_one_when_the_image_carries_everything():
@@ -375,8 +375,7 @@ def test_the_paired_difference_of_the_share_is_b_minus_a_under_the_same_resample
 
 def test_image_share_is_undefined_without_input_dependence():
     scores, _ = hand_made()
-    flat = CrossLogProbs(np.full_like(scores.sum, -30.0), scores.mean, scores.row_prompt,
-                         scores.column_group)  # fmt: skip
+    flat = CrossLogProbs(np.full_like(scores.sum, -30.0), scores.mean, scores.row_prompt)
     assert np.isnan(image_share_metrics(flat, flat.sum.copy(), resamples=50)["image_share"].value)
 
 

@@ -53,11 +53,6 @@ def first_of_each(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
     return np.array([first.setdefault(key, i) for i, key in enumerate(keys)], dtype=np.int64)
 
 
-def column_groups(prompt_ids: Sequence[Sequence[int]]) -> np.ndarray:
-    """For each prompt, the index of the first prompt with identical rendered ids."""
-    return first_of_each([tuple(ids) for ids in prompt_ids])
-
-
 def negative_groups(groups: np.ndarray, negatives: int | None, seed: int) -> dict[int, np.ndarray]:
     """SPEC "Sampled negatives and swaps": for each distinct prompt (group id), the groups its
     traces are scored under. All of them, or its own and the `negatives` groups after it on a
@@ -117,8 +112,7 @@ def plan_reasoning(
     plan: Plan, valid: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], own: np.ndarray,
     scored_under: dict[int, np.ndarray],
 ) -> None:  # fmt: skip
-    """X->Z: each valid trace's pre + Z under each prompt (one per group) its group is scored
-    under."""
+    """X->Z: each valid trace's pre + Z under each prompt its own prompt is scored under."""
     for row, trace in enumerate(valid):
         continuation = trace.prefix_ids + trace.reasoning_ids
         for group in scored_under[int(own[row])]:
@@ -195,21 +189,23 @@ def cross_score(
 ) -> CrossScores:
     """Score the valid traces under every prompt, or under their own and `negatives` sampled
     others; with `flow`, the action matrices of the flow-valid traces too (`swap_count`
-    swapped traces per action beside its own prompt's), in the same call. Duplicate prompts
-    are scored once and their column copied; entries not scored are NaN and marked in the
-    matrix's `scored` mask."""
+    swapped traces per action beside its own prompt's), in the same call. The prompts are
+    distinct contexts (`runs.preparation.prepare` merges identical ones); entries not scored
+    are NaN and marked in the matrix's `scored` mask."""
     if negatives is not None and negatives < 1:
         raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
-    groups = column_groups(prompt_ids)
+    if len({tuple(ids) for ids in prompt_ids}) < len(prompt_ids):
+        raise ValueError("cross_score takes distinct contexts: merge identical prompts first")
+    groups = np.arange(len(prompt_ids))
     rows = [i for i, t in enumerate(traces) if t.valid]
     valid = [traces[i] for i in rows]
-    own = groups[[t.prompt_index for t in valid]] if valid else np.zeros(0, np.int64)
+    own = np.array([t.prompt_index for t in valid], dtype=np.int64)
     plan = Plan()
     scored_under = negative_groups(groups, negatives, seed)
     plan_reasoning(plan, valid, prompt_ids, own, scored_under)
     flow_rows = [i for i, t in enumerate(traces) if t.flow_valid] if flow else []
     acting = [traces[i] for i in flow_rows]
-    acting_own = groups[[t.prompt_index for t in acting]] if acting else np.zeros(0, np.int64)
+    acting_own = np.array([t.prompt_index for t in acting], dtype=np.int64)
     swaps = chosen_swaps(acting_own, scored_under, swap_count(negatives), seed)
     plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
     if image_swap:
@@ -217,22 +213,18 @@ def cross_score(
     values = backend.loglikelihood(plan.requests, progress("scoring", len(plan.requests)))
     check_finite(values)
     lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)
-    total = plan.fill(values, "z", (len(valid), len(groups)))[:, groups]
+    n = len(prompt_ids)
+    total = plan.fill(values, "z", (len(valid), n))
     matrix = CrossLogProbs(
         sum=total,
         mean=total / lengths[:, None] if len(valid) else total,
-        row_prompt=np.array([t.prompt_index for t in valid], dtype=np.int64),
-        column_group=groups,
+        row_prompt=own,
         scored=np.isfinite(total),
     )
-    responses = np.bincount([t.prompt_index for t in traces], minlength=len(groups))
-    flow_scores = (
-        flow_matrices(plan, values, acting, groups, flow_rows, responses) if flow else None
-    )
+    responses = np.bincount([t.prompt_index for t in traces], minlength=n)
+    flow_scores = flow_matrices(plan, values, acting, n, flow_rows, responses) if flow else None
     scored_tokens = sum(len(r.continuation) - r.scored_from for r in plan.requests)
-    swapped = (
-        plan.fill(values, "image", (len(valid), len(groups)))[:, groups] if image_swap else None
-    )
+    swapped = plan.fill(values, "image", (len(valid), n)) if image_swap else None
     return CrossScores(
         matrix, np.array(rows, dtype=np.int64), lengths, flow_scores, scored_tokens, swapped
     )
@@ -242,7 +234,7 @@ def flow_matrices(
     plan: Plan,
     values: np.ndarray,
     acting: Sequence[Trace],
-    groups: np.ndarray,
+    num_prompts: int,
     rows: Sequence[int],
     responses: np.ndarray,
 ) -> FlowScores:
@@ -250,13 +242,12 @@ def flow_matrices(
     m = len(acting)
     prompts = np.array([t.prompt_index for t in acting], dtype=np.int64)
     reasoning = plan.fill(values, "reasoning", (m, m))
-    same_prompt = groups[prompts][:, None] == groups[prompts][None, :]
+    same_prompt = prompts[:, None] == prompts[None, :]
     logprobs = FlowLogProbs(
-        input=plan.fill(values, "input", (m, len(groups)))[:, groups],
+        input=plan.fill(values, "input", (m, num_prompts)),
         reasoning=reasoning,
         natural=np.where(same_prompt, reasoning, plan.fill(values, "natural", (m, m))),
         row_prompt=prompts,
-        column_group=groups,
         reasoning_group=first_of_each([t.prefix_ids + t.reasoning_ids for t in acting]),
         actions=[t.action for t in acting],
         responses_per_prompt=responses.astype(float),

@@ -42,6 +42,13 @@ class Prompt:
         return isinstance(self.content, list)
 
 
+def content_key(prompt: Prompt) -> str:
+    """A prompt as written, an image by its content: prompts with equal keys render to one
+    context (the plan counts prompts by it before any tokenizer; `prepare` merges by the
+    rendered ids)."""
+    return json.dumps(prompt.content, sort_keys=True, default=lambda image: image.sha256)
+
+
 @dataclass(frozen=True)
 class RenderedPrompt:
     text: str

@@ -35,6 +35,7 @@ from collapsecheck.inputs.images import hold_images
 from collapsecheck.inputs.prompts import (
     Prompt,
     RenderedPrompt,
+    content_key,
     content_sha256,
     kept_ids_with_images,
     load_prompts,
@@ -166,12 +167,19 @@ def _group_single_turns(rows: list[Row], options: RolloutOptions, base: Path) ->
         turn = _turn(row, options, where, number, base)
         if options.group_field or any(f in row for f in GROUP_FIELDS):
             key = json.dumps(_field(row, options.group_field, GROUP_FIELDS, where), default=str)
-        elif turn.prompt_ids is not None:  # the exact context, with its images' contents
-            key = json.dumps([turn.prompt_ids, [image.sha256 for image in turn.images]])
-        else:  # the prompt itself, an image by its content
-            key = json.dumps(turn.prompt.content, default=lambda image: image.sha256)
+        else:
+            key = context_key(turn)
         groups.setdefault(key, []).append(turn)
     return list(groups.values())
+
+
+def context_key(turn: _Turn) -> str:
+    """What a turn was sampled under, before any tokenizer: the exact context with its images'
+    contents where the trainer kept its ids, else the prompt itself (an image by its content).
+    Turns with equal keys render to one context; `prepare` merges by the rendered ids."""
+    if turn.prompt_ids is not None:
+        return json.dumps([turn.prompt_ids, [image.sha256 for image in turn.images]])
+    return content_key(turn.prompt)
 
 
 def _sample_turns(

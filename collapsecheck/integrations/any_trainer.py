@@ -21,13 +21,13 @@ from collapsecheck.engines.backends.function import (
 )
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import Prompt, RenderedPrompt
-from collapsecheck.inputs.samples import Sample
+from collapsecheck.inputs.samples import Sample, SampledPrompts
 from collapsecheck.measures.flow import FlowThresholds
 from collapsecheck.measures.verdict import Thresholds
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.report import Report
 from collapsecheck.runs.diagnose import Diagnosis, diagnose
-from collapsecheck.runs.preparation import prepare, require_two_prompts
+from collapsecheck.runs.preparation import prepare_sampled, require_two_prompts
 from collapsecheck.runs.report_contents import utc_now
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import Settings, resolve_settings
@@ -88,13 +88,15 @@ def diagnose_batch(
         [Sample(tuple(int(i) for i in ids), bool(c)) for ids, c in zip(group, cuts, strict=True)]
         for group, cuts in zip(response_ids, cut, strict=True)
     ]
-    prepared = prepare(prompts, rendered, [0] * len(prompts), backend, settings, BATCH)
     given = [[float(r) for r in group] for group in rewards] if rewards is not None else None
+    batch = SampledPrompts(prompts, rendered, samples, {}, given)
+    prepared, batch = prepare_sampled(batch, backend, settings, BATCH)
     diagnosis = Diagnosis(
         settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
         recorded={"checkpoint": "the trainer's policy", "prompts": BATCH,
-                  "samples_per_prompt": max(len(g) for g in response_ids)},
+                  "samples_per_prompt": max(len(g) for g in batch.samples)},
         timing={"started_at": started_at}, dump_dir=None, progress=progress,
-        rewards=lambda traces: given, reward_source="the trainer's rewards" if given else None,
+        rewards=lambda prompts, traces: batch.rewards,
+        reward_source="the trainer's rewards" if given else None,
     )  # fmt: skip
-    return diagnose(backend, prepared, samples, diagnosis)
+    return diagnose(backend, prepared, batch.samples, diagnosis)

@@ -57,8 +57,8 @@ SHARE_KEYS = ("action_state_share", "action_reasoning_share", "action_input_shar
 class FlowLogProbs:
     """The action matrices over the M_A flow-valid traces (rows), SPEC "Information flow".
 
-    `row_prompt[r]`: the prompt of trace r; `column_group`: per prompt, the first prompt with
-    identical ids; `reasoning_group`: per trace, the first trace whose pre + Z ids are
+    `row_prompt[r]`: the prompt of trace r (the N prompts are distinct contexts, as the X->Z
+    matrix's columns); `reasoning_group`: per trace, the first trace whose pre + Z ids are
     identical (swapping in identical reasoning is no swap). Masks mark the scored entries
     (all of them for the full matrices); unscored entries are NaN.
     """
@@ -67,14 +67,17 @@ class FlowLogProbs:
     reasoning: np.ndarray  # (M_A, M_A): A_r after prompt j(r), pre_s, Z_s, mid_r
     natural: np.ndarray  # (M_A, M_A): A_r after prompt j(s), pre_s, Z_s, mid_r
     row_prompt: np.ndarray
-    column_group: np.ndarray
     reasoning_group: np.ndarray
     actions: Sequence[str]
     responses_per_prompt: np.ndarray  # (N,): every response, flow-valid or not
 
     @property
     def num_prompts(self) -> int:
-        return int(self.column_group.shape[0])
+        return int(self.input.shape[1])
+
+    @property
+    def prompt_groups(self) -> np.ndarray:
+        return np.arange(self.num_prompts)
 
 
 def _scored(matrix: np.ndarray) -> np.ndarray:
@@ -109,15 +112,14 @@ def _gains(
 def flow_rows(flow: FlowLogProbs) -> dict[str, np.ndarray]:
     """Per-row quantities whose weighted means make up the flow metrics."""
     m = len(flow.row_prompt)
-    input_matched, input_marginal = _gains(flow.input, flow.row_prompt, flow.column_group)
+    input_matched, input_marginal = _gains(flow.input, flow.row_prompt, flow.prompt_groups)
     own = np.arange(m)
     # a row's own prompt's traces are all swapped in, the others are a sample (identical
     # reasoning among them too): SPEC "Sampled negatives and swaps"
-    prompt_group = flow.column_group[flow.row_prompt]
-    same_prompt = prompt_group[:, None] == prompt_group[None, :]
+    same_prompt = flow.row_prompt[:, None] == flow.row_prompt[None, :]
     reason_matched, reason_marginal = _gains(flow.reasoning, own, flow.reasoning_group, same_prompt)
     state = state_logprobs(flow)
-    state_matched, state_marginal = _gains(state, flow.row_prompt, flow.column_group)
+    state_matched, state_marginal = _gains(state, flow.row_prompt, flow.prompt_groups)
     return {
         "input": input_matched - input_marginal,
         "reasoning": reason_matched - reason_marginal,
@@ -176,7 +178,7 @@ def not_measured_reason(flow: FlowLogProbs | None) -> str | None:
     """Why the flow cannot be measured (SPEC: too few flow-valid traces, no action), if so."""
     if flow is None or len(flow.row_prompt) == 0:
         return "no response has an action segment after its reasoning"
-    prompts = len(set(flow.column_group[flow.row_prompt].tolist()))
+    prompts = len(set(flow.row_prompt.tolist()))
     if len(flow.row_prompt) < 2 or prompts < 2:
         return (
             f"{len(flow.row_prompt)} flow-valid trace(s) on {prompts} prompt(s): the flow "

@@ -57,11 +57,11 @@ def _share_draws(
     """`mi_image_seq_estimate` and `image_share` for each weighting of the prompts (a row of
     `prompt_weights`; NaN share where the whole input's dependence is not above 0)."""
     matched, marginal = matched_and_marginal(
-        scores.sum, scores.row_prompt, scores.column_group, scores.scored
+        scores.sum, scores.row_prompt, scores.prompt_groups, scores.scored
     )
     scored = np.isfinite(swapped)
     _, image_marginal = matched_and_marginal(
-        np.where(scored, swapped, 0.0), scores.row_prompt, scores.column_group, scored
+        np.where(scored, swapped, 0.0), scores.row_prompt, scores.prompt_groups, scored
     )
     row_weights = prompt_weights[:, scores.row_prompt]
     image_mi = _weighted_mean(matched - image_marginal, row_weights)

@@ -41,32 +41,31 @@ MetricValue = Estimate | float
 class CrossLogProbs:
     """The M x N matrices of SPEC "The cross log-probability matrix".
 
-    `row_prompt[r]` is the prompt (column) that produced trace r; `column_group[j]` is the same
-    for every column whose rendered prompt ids are identical (duplicates retrieve as one).
-    `scored` marks the entries that were computed: all of them for the full matrix; with
-    sampled negatives, each row's own prompt (and its duplicates) and the sampled others.
+    Each column is one distinct context: identical contexts are one prompt, merged before
+    anything is sampled or scored (SPEC "Identical contexts are one prompt"), so N is the
+    number of columns everywhere. `row_prompt[r]` is the prompt (column) that produced trace
+    r. `scored` marks the entries that were computed: all of them for the full matrix; with
+    sampled negatives, each row's own prompt and the sampled others.
     """
 
     sum: np.ndarray
     mean: np.ndarray
     row_prompt: np.ndarray
-    column_group: np.ndarray
     scored: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         m, n = self.sum.shape
         if self.mean.shape != (m, n):
             raise ValueError(f"sum is {self.sum.shape} but mean is {self.mean.shape}")
-        if self.row_prompt.shape != (m,) or self.column_group.shape != (n,):
-            raise ValueError("row_prompt must have one entry per row, column_group one per column")
+        if self.row_prompt.shape != (m,):
+            raise ValueError("row_prompt must have one entry per row")
         if n and (self.row_prompt.min(initial=0) < 0 or self.row_prompt.max(initial=0) >= n):
             raise ValueError("row_prompt holds an index outside the columns")
         if self.scored is None:
             object.__setattr__(self, "scored", np.ones((m, n), dtype=bool))
         if self.scored.shape != (m, n):
             raise ValueError(f"scored is {self.scored.shape}, the matrix {(m, n)}")
-        correct = correct_columns(self.row_prompt, self.column_group)
-        if (correct & ~self.scored).any():
+        if (self.own_columns & ~self.scored).any():
             raise ValueError("every row must be scored under its own prompt")
         if not (
             np.isfinite(self.sum[self.scored]).all() and np.isfinite(self.mean[self.scored]).all()
@@ -76,6 +75,16 @@ class CrossLogProbs:
     @property
     def num_prompts(self) -> int:
         return self.sum.shape[1]
+
+    @property
+    def prompt_groups(self) -> np.ndarray:
+        """Each column its own group: the columns are distinct contexts."""
+        return np.arange(self.num_prompts)
+
+    @property
+    def own_columns(self) -> np.ndarray:
+        """(M, N) mask of each row's own prompt."""
+        return correct_columns(self.row_prompt, self.prompt_groups)
 
     @property
     def is_full(self) -> bool:
@@ -122,6 +131,9 @@ def matched_and_marginal(
     complete: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """matched[r] = L[r, own prompt]; marginal[r] = logsumexp_j L[r, j] - log N.
+    `column_group`: per column, its group; the columns of a row's own group are always scored
+    (the prompt columns are distinct, each its own group; the flow's swapped reasoning groups
+    identical reasoning).
 
     With sampled negatives (SPEC "Sampled negatives and swaps") the sum S inside the log is
     estimated by stratum: the `complete` columns (always scored; by default the row's own
@@ -227,7 +239,7 @@ def retrieval_chance(
 
 def row_statistics(scores: CrossLogProbs) -> dict[str, np.ndarray]:
     """Per-row quantities whose weighted means make up every row-level metric."""
-    where = (scores.row_prompt, scores.column_group, scores.scored)
+    where = (scores.row_prompt, scores.prompt_groups, scores.scored)
     matched_mean, marginal_mean = matched_and_marginal(scores.mean, *where)
     matched_seq, marginal_seq = matched_and_marginal(scores.sum, *where)
     rows = {
@@ -238,10 +250,10 @@ def row_statistics(scores: CrossLogProbs) -> dict[str, np.ndarray]:
     }
     for k in (1, *RETRIEVAL_KS):
         rows[f"hit@{k}"] = retrieval_scores(
-            scores.sum, scores.row_prompt, scores.column_group, k, scores.scored
+            scores.sum, scores.row_prompt, scores.prompt_groups, k, scores.scored
         )
         rows[f"chance@{k}"] = retrieval_chance(
-            scores.row_prompt, scores.column_group, k, scores.scored
+            scores.row_prompt, scores.prompt_groups, k, scores.scored
         )
     return rows
 

@@ -20,7 +20,13 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from collapsecheck.formatting import format_metric, format_number, plural
+from collapsecheck.formatting import (
+    format_metric,
+    format_number,
+    plural,
+    prompts_phrase,
+    samples_phrase,
+)
 from collapsecheck.measures.image_share import READINGS, image_reading
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.per_prompt import most_collapsed
@@ -213,9 +219,11 @@ def print_image_share(console: Console, report: Report) -> None:
 def print_report(console: Console, report: Report) -> None:
     console.print(metrics_table(report))
     counts = report.counts
-    samples = plural(report.settings["samples_per_prompt"], "sample")
+    most = report.settings["samples_per_prompt"]
+    samples = samples_phrase(counts.get("fewest_samples_per_prompt", most), most)
+    prompts = prompts_phrase(counts["prompts"], counts.get("input_rows", counts["prompts"]))
     console.print(
-        f"{plural(counts['prompts'], 'prompt')} x {samples}, "
+        f"{prompts} x {samples}, "
         f"{plural(counts['scored_traces'], 'trace')} scored, "
         f"{counts['reasoning_tokens_mean']:.1f} reasoning tokens each on average"
         + (" (answered from the results cache)" if report.timing.get("cached") else ""),

@@ -5,6 +5,7 @@ Every file is written atomically (`collapsecheck.files`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -14,7 +15,6 @@ import numpy as np
 from collapsecheck.engines.cross_scoring import (
     CrossScores,
     FlowScores,
-    column_groups,
     first_of_each,
 )
 from collapsecheck.engines.reasoning import Trace
@@ -121,13 +121,31 @@ def write_flow(directory: Path, flow: FlowScores) -> None:
     write_atomic(directory / FLOW_FILE, "wb", save)
 
 
+def distinct_prompts(directory: Path) -> list[dict[str, Any]]:
+    """A dump's prompts, refused where two are one context: a dump written before identical
+    contexts were merged (SPEC "Identical contexts are one prompt") has matrices whose N is
+    wrong, and `collapsecheck score DIR` scores its traces again, merged."""
+    prompts = read_jsonl(directory / PROMPTS_FILE)
+    seen: dict[Any, int] = {}
+    for row in prompts:
+        key = json.dumps([row["ids"], [image["sha256"] for image in row.get("images", [])]])
+        if key in seen:
+            raise CollapsecheckError(
+                f"{directory / PROMPTS_FILE}: prompts {seen[key]} and {row['index']} are one "
+                "context (a dump written before identical contexts counted as one prompt): "
+                f"score it again with `collapsecheck score {directory} --checkpoint CKPT`"
+            )
+        seen[key] = row["index"]
+    return prompts
+
+
 def read_flow(directory: str | Path) -> FlowLogProbs | None:
     """The action matrices of a dump, with what the flow metrics need from its traces; None
     when the dump has none (the flow was not measured)."""
     directory = Path(directory)
     if not (directory / FLOW_FILE).is_file():
         return None
-    prompts = read_jsonl(directory / PROMPTS_FILE)
+    prompts = distinct_prompts(directory)
     traces = read_jsonl(directory / TRACES_FILE)
     try:
         with np.load(directory / FLOW_FILE) as npz:
@@ -138,7 +156,6 @@ def read_flow(directory: str | Path) -> FlowLogProbs | None:
             reasoning=arrays["reasoning"],
             natural=arrays["natural"],
             row_prompt=np.array([t["prompt_index"] for t in acting], dtype=np.int64),
-            column_group=column_groups([row["ids"] for row in prompts]),
             reasoning_group=first_of_each(
                 [tuple(t["prefix_ids"] + t["reasoning_ids"]) for t in acting]
             ),
@@ -156,7 +173,7 @@ def read_flow(directory: str | Path) -> FlowLogProbs | None:
 def read_matrix(directory: str | Path) -> tuple[CrossLogProbs, np.ndarray]:
     """The cross log-probability matrix of a dump, and each row's index in traces.jsonl."""
     directory = Path(directory)
-    prompts = read_jsonl(directory / PROMPTS_FILE)
+    distinct_prompts(directory)
     try:
         with np.load(directory / MATRIX_FILE) as npz:
             arrays = {key: npz[key] for key in npz.files}
@@ -164,7 +181,6 @@ def read_matrix(directory: str | Path) -> tuple[CrossLogProbs, np.ndarray]:
             sum=arrays["sum"],
             mean=arrays["mean"],
             row_prompt=arrays["row_prompt_index"],
-            column_group=column_groups([row["ids"] for row in prompts]),
             scored=arrays.get("scored"),
         )
         return matrix, arrays["row_trace_index"]

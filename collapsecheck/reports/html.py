@@ -126,7 +126,7 @@ def figure_block(uri: str, alt: str, caption: str, note_text: str = "") -> str:
 def matrix_section(report: Report, evidence: Evidence) -> str:
     """The X→Z matrix, and the flow's action matrices where the flow was measured."""
     m = evidence.matrix
-    matched, marginal = matched_and_marginal(m.mean, m.row_prompt, m.column_group, m.scored)
+    matched, marginal = matched_and_marginal(m.mean, m.row_prompt, m.prompt_groups, m.scored)
     drawn = heatmap(centered(m.mean, m.scored), m.row_prompt, matched - marginal)
     parts = [
         "<h2>Cross-scoring matrix</h2>",

@@ -27,11 +27,12 @@ class Cost:
     xz_pairs: int
     flow_pairs: int
     max_tokens: int
+    rows: int  # the rows the prompts came from (identical ones count as one prompt)
 
 
 def unit_cost(
     prompts: int, samples: int, max_new_tokens: int, negatives: int | None, flow: bool,
-    responses: int | None = None,
+    responses: int | None = None, rows: int | None = None,
 ) -> Cost:  # fmt: skip
     """SPEC "Sampled negatives and swaps": each of the N x K traces is scored under its own
     prompt and M others (all N when M >= N - 1 or with no bound); with the flow, its action
@@ -48,4 +49,5 @@ def unit_cost(
     return Cost(
         prompts, samples, traces if responses is None else responses,
         None if full else negatives, xz, flow_pairs, (traces + xz + flow_pairs) * max_new_tokens,
+        prompts if rows is None else rows,
     )  # fmt: skip

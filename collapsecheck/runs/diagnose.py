@@ -11,7 +11,7 @@ traces exist, so they report exactly alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,6 @@ from typing import Any
 
 from collapsecheck.engines.backends.base import Backend, SamplingParams
 from collapsecheck.engines.reasoning import (
-    Trace,
     action_spec,
     extract_traces,
     reasoning_spec,
@@ -52,7 +51,7 @@ from collapsecheck.reports.dump import (
     write_samples,
 )
 from collapsecheck.reports.report import Report
-from collapsecheck.runs.explanation import explain, reward_function
+from collapsecheck.runs.explanation import Rewards, explain, no_rewards, reward_function
 from collapsecheck.runs.loading import (
     checkpoint_name,
     checkpoint_notes,
@@ -64,7 +63,7 @@ from collapsecheck.runs.measuring import measure, measure_flow, prompt_counts, s
 from collapsecheck.runs.preparation import (
     Prepared,
     prepare,
-    prepare_rollouts,
+    prepare_sampled,
     read_prompt_set,
     require_two_prompts,
 )
@@ -100,8 +99,9 @@ class Diagnosis:
     dump_dir: Path | None
     progress: ProgressHook
     warnings: tuple[str, ...] = ()
-    # the rewards of the traces, one per response (None: no rewards), and where they came from
-    rewards: Callable[[Sequence[Trace]], list[list[float]] | None] = lambda traces: None
+    # the rewards of the traces under their prompts, one per response (None: no rewards), and
+    # where they came from
+    rewards: Rewards = no_rewards
     reward_source: str | None = None
 
 
@@ -129,7 +129,8 @@ def diagnose(
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
     spec, action = reasoning_spec(settings.scoring), action_spec(settings.scoring)
     traces = extract_traces(samples, backend.decode, spec, prepared.opened, action)
-    rewards = diagnosis.rewards(traces)  # before scoring: a failing reward loses no work
+    # before scoring: a failing reward loses no work
+    rewards = diagnosis.rewards(prepared.prompts, traces)
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
     started = time.perf_counter()
@@ -205,7 +206,7 @@ def scan(
     started, started_at = time.perf_counter(), utc_now()
     prompt_path = Path(prompts)
     prompt_list = read_prompt_set(prompt_path, settings)
-    rewards, reward_source = reward_function(prompt_list, settings)
+    rewards, reward_source = reward_function(settings)
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
     with open_backend(checkpoint, loaded, settings) as model:
@@ -271,7 +272,7 @@ def score(
         loaded = time.perf_counter()
         data = rollouts_for(model, rollouts, options, settings, parsed, training_prompts)
         require_two_prompts(len(data.prompts), rollouts, data.settings.get("prompt_matching"))
-        prepared = prepare_rollouts(data, model, settings)
+        prepared, data = prepare_sampled(data, model, settings, data.settings["rollouts"])
         with holding(dump) as dump_dir:
             diagnosis = Diagnosis(
                 settings,
@@ -289,7 +290,7 @@ def score(
                 timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
                 dump_dir=dump_dir,
                 progress=progress,
-                rewards=lambda traces: data.rewards,
+                rewards=lambda prompts, traces: data.rewards,
                 reward_source=(
                     f"rollouts, {data.settings['rewards']}" if data.rewards is not None else None
                 ),

@@ -32,17 +32,22 @@ from collapsecheck.settings import (
     Settings,
 )
 
+Rewards = Callable[[Sequence[Prompt], Sequence[Trace]], list[list[float]] | None]
 
-def reward_function(
-    prompts: Sequence[Prompt], settings: Settings
-) -> tuple[Callable[[Sequence[Trace]], list[list[float]] | None], str | None]:
-    """The rewards of a scan's traces by --reward-fn (loaded now, before any model), or none."""
+
+def no_rewards(prompts: Sequence[Prompt], traces: Sequence[Trace]) -> None:
+    return None
+
+
+def reward_function(settings: Settings) -> tuple[Rewards, str | None]:
+    """The rewards of a scan's traces under their prompts by --reward-fn (loaded now, before
+    any model), or none."""
     spec = settings.rewards.reward_fn
     if spec is None:
-        return (lambda traces: None), None
+        return no_rewards, None
     function = load_reward_fn(spec)
 
-    def rewards(traces: Sequence[Trace]) -> list[list[float]]:
+    def rewards(prompts: Sequence[Prompt], traces: Sequence[Trace]) -> list[list[float]]:
         responses: list[list[str]] = [[] for _ in prompts]
         for trace in traces:
             responses[trace.prompt_index].append(trace.response)

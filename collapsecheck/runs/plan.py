@@ -17,10 +17,16 @@ from pathlib import Path
 from collapsecheck.engines.reasoning import action_spec
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import writable
+from collapsecheck.formatting import plural, prompts_phrase
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.images import images_digest
-from collapsecheck.inputs.prompts import load_prompts
-from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions, parse_rollouts
+from collapsecheck.inputs.prompts import content_key, load_prompts
+from collapsecheck.inputs.rollouts import (
+    ParsedRollouts,
+    RolloutOptions,
+    context_key,
+    parse_rollouts,
+)
 from collapsecheck.runs.cache import default_cache_root
 from collapsecheck.runs.cost import Cost, count, unit_cost
 from collapsecheck.runs.diagnose import require_decoded_inputs
@@ -85,10 +91,6 @@ class ScanPlan:
 FLOW_IF = " (if the responses hold an action segment)"
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' * (n != 1)}"
-
-
 def sampled_line(costs: Sequence[Cost | None], checkpoints: int, cached: int) -> str:
     """Every sampled unit has the same prompts and settings: its cost once, per checkpoint."""
     if not costs:
@@ -99,7 +101,8 @@ def sampled_line(costs: Sequence[Cost | None], checkpoints: int, cached: int) ->
     flow = f", up to {count(cost.flow_pairs)} flow pairs" if cost.flow_pairs else ""
     return (
         f"plan: {plural(checkpoints, 'checkpoint')}{f' ({cached} cached)' if cached else ''}, "
-        f"{cost.prompts} prompts x {cost.samples} samples, {count(cost.xz_pairs)} X->Z pairs "
+        f"{prompts_phrase(cost.prompts, cost.rows)} x {cost.samples} samples, "
+        f"{count(cost.xz_pairs)} X->Z pairs "
         f"({negatives}){flow} per checkpoint{FLOW_IF if cost.flow_pairs else ''}; at most "
         f"{count(cost.max_tokens * (len(costs) - cached))} tokens to sample and score"
     )
@@ -141,8 +144,8 @@ def plan_sampled(
     )
     sampling = settings.sampling
     cost = unit_cost(
-        len(listed), sampling.k, sampling.max_new_tokens, settings.scoring.negatives_bound,
-        has_flow(settings),
+        len({content_key(p) for p in listed}), sampling.k, sampling.max_new_tokens,
+        settings.scoring.negatives_bound, has_flow(settings), rows=len(listed),
     )  # fmt: skip
     traces = SampledTraces(prompts, images_digest(listed))
     if cached:
@@ -169,10 +172,14 @@ def kept_samples(
 
 
 def rollout_cost(parsed: ParsedRollouts, settings: Settings) -> Cost:
-    groups = parsed.groups
+    """The groups' cost with identical contexts counted once, as the scan will count them."""
+    contexts: dict[str, int] = {}
+    for group in parsed.groups:
+        key = context_key(group[0])
+        contexts[key] = contexts.get(key, 0) + len(group)
     return unit_cost(
-        len(groups), max(len(g) for g in groups), 0, settings.scoring.negatives_bound,
-        has_flow(settings), responses=sum(len(g) for g in groups),
+        len(contexts), max(contexts.values()), 0, settings.scoring.negatives_bound,
+        has_flow(settings), responses=sum(contexts.values()),
     )  # fmt: skip
 
 

@@ -1,17 +1,16 @@
 """Prompts as the model sees them, before anything is sampled or scored: rendered, fitted
-to the context, distinct, and where their rendering opens the reasoning."""
+to the context, identical contexts merged into one prompt (SPEC "Identical contexts are one
+prompt"), and where their rendering opens the reasoning."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, TypeVar
 
 from collapsecheck.engines.backends.base import Backend
-from collapsecheck.engines.cross_scoring import column_groups
 from collapsecheck.engines.reasoning import (
     ReasoningSpec,
     closes_reasoning,
@@ -29,20 +28,44 @@ from collapsecheck.settings import (
     Settings,
 )
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class Prepared:
-    """The prompts of a scan as the model sees them."""
+    """The prompts of a scan as the model sees them: one per distinct context (SPEC
+    "Identical contexts are one prompt"), each the first of the input rows that render to
+    it; `sources[i]`: the positions, among the rows given to `prepare`, of prompt i's rows."""
 
     prompts: list[Prompt]
     rendered: list[RenderedPrompt]
-    groups: np.ndarray  # per prompt, the first prompt with identical ids (SPEC: one column)
+    sources: tuple[tuple[int, ...], ...]
     truncated: int  # prompts cut to fit the context (--truncate-prompts)
     opened: list[bool]  # per prompt, its rendering opened the reasoning (R1 distills, QwQ)
 
     @property
     def ids(self) -> list[tuple[int, ...]]:
         return [r.ids for r in self.rendered]
+
+    @property
+    def input_rows(self) -> int:
+        """How many rows (prompts as given: a file's rows, a rollout file's groups) the
+        distinct prompts came from."""
+        return sum(len(rows) for rows in self.sources)
+
+    def merged(self, per_row: Sequence[Sequence[T]]) -> list[list[T]]:
+        """Per distinct prompt, its rows' items one after another, in row order (the samples,
+        rewards or cut marks of rows given one list per row)."""
+        return [[item for row in rows for item in per_row[row]] for rows in self.sources]
+
+
+def distinct_contexts(rendered: Sequence[RenderedPrompt]) -> tuple[tuple[int, ...], ...]:
+    """Per distinct context (token ids and images' contents), in order of first appearance,
+    the positions of the renderings that are it."""
+    positions: dict[Any, list[int]] = {}
+    for i, render in enumerate(rendered):
+        positions.setdefault(render.identity, []).append(i)
+    return tuple(tuple(rows) for rows in positions.values())
 
 
 def fit_context(
@@ -110,23 +133,38 @@ def prepare(
     settings: Settings,
     source: str,
 ) -> Prepared:
-    """Fit the rendered prompts to the context, check that at least two differ and see where
-    the reasoning opens: before any sampling or scoring."""
+    """Fit the rendered prompts to the context, merge identical contexts into one prompt,
+    check that at least two remain and see where the reasoning opens: before any sampling
+    or scoring."""
     truncate = settings.prompts.truncate_prompts
     fitted, cut = fit_context(rendered, prompts, reserve, backend, truncate)
-    groups = column_groups([r.ids for r in fitted])
-    if len(set(groups.tolist())) < 2:
+    sources = distinct_contexts(fitted)
+    if len(sources) < 2:
         raise CollapsecheckError(f"{source}: all prompts render to the same tokens")
-    opened = reasoning_opened(prompts, fitted, reasoning_spec(settings.scoring), backend.tokenizer)
-    return Prepared(list(prompts), fitted, groups, cut, opened)
+    firsts = [rows[0] for rows in sources]
+    distinct = [prompts[i] for i in firsts]
+    kept = [fitted[i] for i in firsts]
+    opened = reasoning_opened(distinct, kept, reasoning_spec(settings.scoring), backend.tokenizer)
+    return Prepared(distinct, kept, sources, cut, opened)
 
 
-def prepare_rollouts(data: SampledPrompts, backend: Backend, settings: Settings) -> Prepared:
-    """Rollout prompts fitted to the context, each leaving room for its longest response."""
+def prepare_sampled(
+    data: SampledPrompts, backend: Backend, settings: Settings, source: str
+) -> tuple[Prepared, SampledPrompts]:
+    """Prompts that were already sampled (rollouts, a dump, a trainer's batch) prepared, each
+    leaving room for its longest response, and their samples and rewards merged as their
+    prompts are: one list per distinct context."""
     reserve = [max((len(s.ids) for s in group), default=0) for group in data.samples]
-    return prepare(
-        data.prompts, data.rendered, reserve, backend, settings, data.settings["rollouts"]
+    prepared = prepare(data.prompts, data.rendered, reserve, backend, settings, source)
+    rewards = prepared.merged(data.rewards) if data.rewards is not None else None
+    merged = dataclasses.replace(
+        data,
+        prompts=prepared.prompts,
+        rendered=prepared.rendered,
+        samples=prepared.merged(data.samples),
+        rewards=rewards,
     )
+    return prepared, merged
 
 
 def read_prompt_set(path: Path, settings: Settings) -> list[Prompt]:

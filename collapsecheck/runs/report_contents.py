@@ -57,9 +57,8 @@ def example_traces(
     seen: set[int] = set()
     examples = []
     for trace in traces:
-        group = int(prepared.groups[trace.prompt_index])
-        if trace.valid and group not in seen:
-            seen.add(group)
+        if trace.valid and trace.prompt_index not in seen:
+            seen.add(trace.prompt_index)
             prompt = prepared.prompts[trace.prompt_index]
             examples.append(
                 {
@@ -106,6 +105,7 @@ def report_settings(
         "truncated_prompts": prepared.truncated,
         "chat_template_kwargs": prompts.chat_template_kwargs,
         "num_prompts": len(prepared.rendered),
+        "prompt_sources": [list(rows) for rows in prepared.sources],
         "reasoning": reasoning_spec(scoring).to_dict(),
         "action": action.to_dict() if (action := action_spec(scoring)) else None,
         "cross_scoring": {
@@ -135,7 +135,10 @@ def trace_counts(
 ) -> dict[str, int | float]:
     return {
         "prompts": len(prepared.rendered),
-        "distinct_prompts": len(set(prepared.groups.tolist())),
+        "input_rows": prepared.input_rows,
+        "fewest_samples_per_prompt": min(
+            np.bincount([t.prompt_index for t in traces], minlength=len(prepared.rendered))
+        ).item(),
         "responses": len(traces),
         "scored_traces": len(scores.row_trace_index),
         "flow_valid_traces": len(scores.flow.row_trace_index) if scores.flow else 0,

@@ -100,7 +100,8 @@ class SampledFrom:
     def check(self, settings: Settings) -> None:
         """The prompt set and the reward function read now, before the run has a checkpoint:
         a mistake in them is said at once, not when the first checkpoint lands."""
-        reward_function(read_prompt_set(self.prompts, settings), settings)
+        read_prompt_set(self.prompts, settings)
+        reward_function(settings)
 
     def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
         return plan_units(rows, self.prompts, watch.settings, watch.cache)

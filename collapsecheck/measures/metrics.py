@@ -365,17 +365,23 @@ def compute_metrics(
     *,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    input_rows: int | None = None,
 ) -> dict[str, MetricValue]:
     """Every metric of SPEC "Metrics", mean-type ones with a 95% bootstrap interval.
 
     The bootstrap resamples prompts with all their traces while the columns stay fixed
     (SPEC "95% intervals"); it is seeded, so the same inputs give the same intervals.
+    `input_rows`: the rows the distinct prompts came from (RAGEN's columns, one per row:
+    `mi_upper_bound`); the columns themselves by default.
     """
     n = _check_prompts(scores)
     rows = row_statistics(scores)
     point = _draws(rows, scores, counts, np.ones((1, n)))
     boot = _draws(rows, scores, counts, bootstrap_prompt_weights(n, resamples, seed))
-    metrics: dict[str, MetricValue] = {"mi_upper_bound": float(np.log(n))}
+    metrics: dict[str, MetricValue] = {
+        "mi_upper_bound": float(np.log(input_rows or n)),
+        "mi_upper_bound_distinct": float(np.log(n)),
+    }
     for key, value in point.items():
         metrics[key] = Estimate(float(value[0]), *_interval(boot[key]))
     for k in (1, *RETRIEVAL_KS):

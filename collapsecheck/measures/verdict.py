@@ -116,7 +116,7 @@ def mismatch_reason(metrics: Mapping[str, MetricValue]) -> str | None:
     expectation (MI >= 0). Matched far below marginal, beyond noise, means they were not:
     rollouts from another checkpoint, or contexts other than the ones they were sampled under.
     """
-    log_n = point_value(metrics["mi_upper_bound"])
+    log_n = point_value(metrics.get("mi_upper_bound_distinct", metrics["mi_upper_bound"]))
     mi = metrics["mi_seq_estimate"]
     high = interval_bounds(mi)[1]
     if log_n <= 0 or high / log_n >= -MISMATCH_NMI:

@@ -80,16 +80,19 @@ def write_kept_prompts(
 ) -> str:
     """--keep-prompts: the rows of the prompts RAGEN's SNR filter keeps, exactly as the file
     they came from holds them (every column; the training file's rows for veRL inputs matched
-    to one); returns the line that says how many, and how many had no row to write."""
+    to one; every row of a prompt whose rows were one context); returns the line that says
+    how many, and how many had no row to write."""
     from collapsecheck.inputs.prompts import write_prompt_rows
 
     source, rows = prompt_rows(report, prompt_file, settings)
-    kept = [rows[i] for i in report.snr["kept_prompts"]]
+    sources = report.settings.get("prompt_sources") or [[i] for i in range(len(rows))]
+    chosen = report.snr["kept_prompts"]
+    kept = [rows[row] for i in chosen for row in sources[i]]
     written = [n for n in kept if n is not None]
     write_prompt_rows(source, written, path)
     top_p = report.snr["snr_top_p"]
-    said = f"kept {len(kept)} of {len(rows)} prompts (SNR filter, top-p {top_p:g}) in {path}"
-    said += f", rows of {source}"
+    said = f"kept {len(chosen)} of {len(sources)} prompts (SNR filter, top-p {top_p:g}) in {path}"
+    said += f", {len(written)} rows of {source}"
     missing = len(kept) - len(written)
     return said + (f"; {missing} matched no row of {source} and are left out" if missing else "")
 

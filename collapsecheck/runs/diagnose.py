@@ -139,7 +139,8 @@ def diagnose(
     if dump_dir is not None:
         write_matrix(dump_dir, scores)
     counts = prompt_counts(traces, len(prepared.rendered))
-    metrics = measure(scores, counts, settings.analysis, diagnosis.recorded["checkpoint"])
+    checkpoint = diagnosis.recorded["checkpoint"]
+    metrics = measure(scores, counts, settings.analysis, checkpoint, prepared.input_rows)
     flow_metrics, not_measured = measure_flow(scores, settings.analysis, settings.scoring.no_flow)
     metrics.update(flow_metrics)
     measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None

@@ -85,13 +85,16 @@ def prompt_counts(traces: Sequence[Trace], num_prompts: int) -> PromptCounts:
 
 
 def measure(
-    scores: CrossScores, counts: PromptCounts, analysis: AnalysisSettings, checkpoint: str
-) -> dict[str, Any]:
-    """SPEC "Metrics" with their bootstrap intervals; NaN log-probabilities refuse a verdict."""
+    scores: CrossScores, counts: PromptCounts, analysis: AnalysisSettings, checkpoint: str,
+    input_rows: int,
+) -> dict[str, Any]:  # fmt: skip
+    """SPEC "Metrics" with their bootstrap intervals; NaN log-probabilities refuse a verdict.
+    `input_rows`: the rows the distinct prompts came from (`mi_upper_bound`)."""
     try:
         metrics = compute_metrics(
-            scores.matrix, counts, resamples=analysis.bootstrap, seed=analysis.seed
-        )
+            scores.matrix, counts, resamples=analysis.bootstrap, seed=analysis.seed,
+            input_rows=input_rows,
+        )  # fmt: skip
         if scores.image_swapped is not None:
             swapped, resamples = scores.image_swapped, analysis.bootstrap
             image = image_share_metrics(

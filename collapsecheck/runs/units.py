@@ -5,6 +5,7 @@ run by an executor (`runs.executors`) and read back by the join (`runs.join`).""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +114,19 @@ class WorkUnit:
         return self.row.label
 
     def finished(self) -> bool:
-        return self.cached and self.dump is not None and (self.dump / REPORT_FILE).is_file()
+        if not (self.cached and self.dump is not None and (self.dump / REPORT_FILE).is_file()):
+            return False
+        return not counted_copies_apart(self.dump / REPORT_FILE)
+
+
+def counted_copies_apart(report: Path) -> bool:
+    """A cached report made before identical contexts counted as one prompt, from prompts
+    that held copies: its N counted each copy, so it is scanned again rather than read."""
+    try:
+        counts = json.loads(report.read_text(encoding="utf-8")).get("counts", {})
+    except (OSError, ValueError):
+        return False  # read as before: a broken entry says so where it is loaded
+    return "input_rows" not in counts and counts.get("distinct_prompts") != counts.get("prompts")
 
 
 def cached_unit(

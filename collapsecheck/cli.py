@@ -612,6 +612,9 @@ def watch(
     following: WatchSettings,
     prompts: ScanPrompts = None,
     rollouts: Rollouts = None,
+    train_log: TrainLog = None,
+    no_train_log: NoTrainLog = False,
+    train_key: TrainKey = None,
     tensorboard: TensorBoard = None,
     wandb: WandbRun = None,
     verbose: Verbose = False,
@@ -635,7 +638,8 @@ def watch(
             watcher = Watch(
                 run_dir, traces, Settings(load, sampling, rendering, scoring, analysis, rewards),
                 following, gate, verdict_thresholds(gate), outputs.out, say, progress,
-                after_step,
+                after_step, training_log=False if no_train_log else (train_log or True),
+                train_keys=parse_train_keys(train_key or []),
             )  # fmt: skip
             try:
                 code = watcher.follow()

@@ -16,9 +16,15 @@ def format_number(x: float, decimals: int = 3) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{decimals}f}"
 
 
+WHOLE_FROM = 10  # an effective count shows one decimal below this (1.2 traces), whole above
+
+
 def format_count(x: float) -> str:
-    """A count that may be fractional (effective traces): one decimal below 100."""
-    return format_number(x) if abs(x) >= 100 else f"{x:.1f}"
+    """An effective count (traces): one decimal below 10, where 1.2 and 1.9 differ to a reader;
+    a whole number from 10 on (284, 2,537), never a count with decimals beside it."""
+    if abs(x) >= SCIENTIFIC_FROM:
+        return format_number(x)
+    return f"{x:,.0f}" if abs(x) >= WHOLE_FROM else f"{x:.1f}"
 
 
 # SPEC "Metrics": effective_traces_per_prompt is shown as a count up to here. exp of a

@@ -5,7 +5,10 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
@@ -106,12 +109,26 @@ def test_the_collapse_verdict_speaks_per_token_and_says_what_next():
     assert not re.search(r"\d{1,3}(,\d{3}){2,}", result.output)  # no number past a million
 
 
-def test_sampling_other_than_the_policy_is_said(tmp_path):
-    result = invoke("scan", HEALTHY, *FAST, "--temperature", "0.7", "--json", tmp_path / "r.json")
+def test_sampling_other_than_the_policy_is_said_and_scored_as_sampled(tmp_path):
+    dump = tmp_path / "dump"
+    result = invoke("scan", HEALTHY, *FAST, "--temperature", "0.7", "--dump", dump)
     assert result.exit_code == 0, result.output
-    assert "warning: sampled at temperature 0.7" in " ".join(result.output.split())
-    report = json.loads((tmp_path / "r.json").read_text())
+    assert "warning: sampled at temperature 0.7 and scored there" in " ".join(result.output.split())
+    report = json.loads((dump / "report.json").read_text())
     assert report["warnings"] and "temperature 0.7" in report["warnings"][0]
+    assert report["settings"]["scoring_temperature"] == 0.7
+    # the matrix is the tempered policy's: one entry against a plain forward pass at 0.7
+    model = AutoModelForCausalLM.from_pretrained(HEALTHY, dtype=torch.float32).eval()
+    matrix = np.load(dump / "cross_logprobs.npz")
+    prompts = [json.loads(line) for line in (dump / "prompts.jsonl").read_text().splitlines()]
+    traces = [json.loads(line) for line in (dump / "traces.jsonl").read_text().splitlines()]
+    trace = traces[int(matrix["row_trace_index"][0])]
+    context = prompts[1]["ids"] + trace["prefix_ids"]
+    ids = torch.tensor([context + trace["reasoning_ids"]])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].double() / 0.7, dim=-1)
+    expected = sum(logprobs[t - 1, ids[0, t]].item() for t in range(len(context), ids.shape[1]))
+    assert matrix["sum"][0, 1] == pytest.approx(expected, abs=1e-4)
     plain = invoke("scan", HEALTHY, *FAST, "--json", tmp_path / "plain.json")
     assert json.loads((tmp_path / "plain.json").read_text())["warnings"] == []
     assert "warning" not in plain.output

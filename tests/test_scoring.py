@@ -30,11 +30,13 @@ def requests_with_padding():
     return requests
 
 
-def reference(model, request):
-    """One unpadded forward pass over [context | continuation], summed by hand."""
+def reference(model, request, temperature=1.0):
+    """One unpadded forward pass over [context | continuation], summed by hand (the policy at
+    `temperature`: softmax of logits / temperature)."""
     ids = torch.tensor([request.context + request.continuation])
     with torch.no_grad():
-        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+        logits = model(input_ids=ids).logits[0].double() / temperature
+        logprobs = torch.log_softmax(logits, dim=-1)
     start = len(request.context) + request.scored_from
     return sum(logprobs[t - 1, ids[0, t]].item() for t in range(start, ids.shape[1]))
 
@@ -54,6 +56,21 @@ def test_cached_and_naive_match_a_plain_forward(random_checkpoint, batch_tokens)
     assert np.abs(results["naive"] - expected).max() < TOLERANCE
     assert np.abs(results["cached"] - expected).max() < TOLERANCE
     assert np.abs(results["cached"] - results["naive"]).max() < TOLERANCE
+
+
+@pytest.mark.parametrize("scorer", ["cached", "naive"])
+def test_scoring_reads_the_policy_at_the_temperature_sampled(random_checkpoint, scorer):
+    """SPEC "Sampling": traces sampled at temperature T are scored at T, as veRL's
+    compute_log_prob divides the logits by the rollout temperature."""
+    requests = requests_with_padding()
+    backend = TransformersBackend.from_checkpoint(
+        random_checkpoint, LoadSettings(device="cpu", dtype="float32"), scorer=scorer
+    )
+    tempered = backend.loglikelihood(requests, no_progress, temperature=0.6)
+    expected = np.array([reference(backend.model, r, temperature=0.6) for r in requests])
+    assert np.abs(tempered - expected).max() < TOLERANCE
+    plain = backend.loglikelihood(requests, no_progress)
+    assert np.abs(tempered - plain).min() > 100 * TOLERANCE  # the temperature did something
 
 
 def test_length_batches_respect_the_token_budget():

@@ -125,3 +125,11 @@ def test_matched_far_below_marginal_is_a_mismatch_not_a_collapse():
     # a collapsed policy's own traces sit at MI about 0, within noise: still a collapse
     assert decide(metrics(0.0, -0.01, 0.5, width=0.05)).regime == "template_collapse"
     assert decide(metrics(0.0, -0.04, 0.5, width=0.0)).regime == "template_collapse"
+
+
+def test_effective_traces_read_as_counts():
+    from collapsecheck.formatting import format_metric
+
+    key = "effective_traces_per_prompt"
+    shown = [format_metric(key, x) for x in (1.234, 9.96, 12.6, 284.427, 2537.2, 12_000.0)]
+    assert shown == ["1.2", "10.0", "13", "284", "2,537", "> 10,000"]

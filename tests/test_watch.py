@@ -619,3 +619,30 @@ def test_another_trainers_step_folders_are_scored_as_each_lands(tmp_path):
     for step in (5, 6):
         assert said.count(f"step {step}: ") == 1, said
     assert said.count("rollouts scored by step_3 (gap 0)") == 2, said
+
+
+def test_the_watch_takes_the_run_scans_training_log_flags(tmp_path):
+    from typer.testing import CliRunner
+
+    from collapsecheck.cli import app
+
+    run = tmp_path / "run"
+    shutil.copytree(HEALTHY, run / "checkpoint-100")
+    history = [{"step": 50, "reward": 0.25, "my/entropy": 0.4}, {"step": 100, "reward": 0.75}]
+    state = {"global_step": 100, "log_history": history}
+    (run / "checkpoint-100" / TRAINER_STATE).write_text(json.dumps(state))
+    (tmp_path / "done").write_text("")
+    common = ["watch", str(run), *FAST_FLAGS, "--out", str(tmp_path / "cache"), "--until",
+              str(tmp_path / "done"), "--idle", "5", "--poll", "0.2",
+              "--fail-on", "none"]  # fmt: skip
+
+    def watched(*flags):
+        out = tmp_path / f"run-{len(flags)}.json"
+        result = CliRunner().invoke(app, [*common, *flags, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        return json.loads(out.read_text())
+
+    keyed = watched("--train-key", "entropy=my/entropy")
+    assert keyed["training_log"]["keys"] == {"reward": "reward", "entropy": "my/entropy"}
+    assert keyed["steps"][0]["training_log"]["reward"]["mean"] == pytest.approx(0.5)
+    assert watched("--no-train-log")["training_log"] is None

@@ -186,12 +186,14 @@ def cross_score(
     seed: int = 0,
     flow: bool = False,
     image_swap: bool = False,
+    temperature: float = 1.0,
 ) -> CrossScores:
     """Score the valid traces under every prompt, or under their own and `negatives` sampled
     others; with `flow`, the action matrices of the flow-valid traces too (`swap_count`
     swapped traces per action beside its own prompt's), in the same call. The prompts are
     distinct contexts (`runs.preparation.prepare` merges identical ones); entries not scored
-    are NaN and marked in the matrix's `scored` mask."""
+    are NaN and marked in the matrix's `scored` mask. `temperature`: the one the traces were
+    sampled at, the distribution every log-probability is read from."""
     if negatives is not None and negatives < 1:
         raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
     if len({tuple(ids) for ids in prompt_ids}) < len(prompt_ids):
@@ -210,7 +212,9 @@ def cross_score(
     plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
     if image_swap:
         plan_image_swaps(plan, valid, prompt_ids, own, scored_under)
-    values = backend.loglikelihood(plan.requests, progress("scoring", len(plan.requests)))
+    values = backend.loglikelihood(
+        plan.requests, progress("scoring", len(plan.requests)), temperature
+    )
     check_finite(values)
     lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)
     n = len(prompt_ids)

@@ -97,6 +97,6 @@ def diagnose_batch(
                   "samples_per_prompt": max(len(g) for g in batch.samples)},
         timing={"started_at": started_at}, dump_dir=None, progress=progress,
         rewards=lambda prompts, traces: batch.rewards,
-        reward_source="the trainer's rewards" if given else None,
+        reward_source="the trainer's rewards" if given else None, temperature=None,
     )  # fmt: skip
     return diagnose(backend, prepared, batch.samples, diagnosis)

@@ -77,7 +77,7 @@ from collapsecheck.runs.report_contents import (
     trace_counts,
     utc_now,
 )
-from collapsecheck.runs.sampling import sample, sampling_warnings
+from collapsecheck.runs.sampling import sample, sampling_warnings, scoring_temperature
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
     Settings,
@@ -103,6 +103,10 @@ class Diagnosis:
     # where they came from
     rewards: Rewards = no_rewards
     reward_source: str | None = None
+    # the temperature the traces were sampled at, which scoring reads the policy at (SPEC
+    # "Sampling"); 1 where it is not known (a trainer's rollouts); None: the caller's
+    # log-likelihood function applies its own (diagnose_batch)
+    temperature: float | None = 1.0
 
 
 def rollouts_for(
@@ -134,7 +138,9 @@ def diagnose(
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
     started = time.perf_counter()
-    scores = score_traces(backend, prepared, traces, settings, diagnosis.progress)
+    scores = score_traces(
+        backend, prepared, traces, settings, diagnosis.progress, diagnosis.temperature or 1.0
+    )
     scoring_s = round(time.perf_counter() - started, 3)
     if dump_dir is not None:
         write_matrix(dump_dir, scores)
@@ -153,7 +159,10 @@ def diagnose(
         flow=decide_flow(metrics, diagnosis.flow_thresholds, not_measured),
         thresholds=diagnosis.thresholds,
         flow_thresholds=diagnosis.flow_thresholds,
-        settings=report_settings(settings, diagnosis.recorded, prepared, scores, backend),
+        settings={
+            **report_settings(settings, diagnosis.recorded, prepared, scores, backend),
+            "scoring_temperature": diagnosis.temperature,
+        },
         counts=trace_counts(prepared, traces, scores),
         examples=example_traces(traces, prepared),
         timing={**diagnosis.timing, **scoring_timing(scores, scoring_s)},
@@ -210,6 +219,7 @@ def scan(
     rewards, reward_source = reward_function(settings)
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
+    require_tempered_scorer(settings, scoring_temperature(params))
     with open_backend(checkpoint, loaded, settings) as model:
         rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts, vision_of(model))
         reserve = [params.max_new_tokens] * len(rendered)
@@ -236,7 +246,7 @@ def scan(
             diagnosis = Diagnosis(
                 settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
                 recorded, timing, dump_dir, progress, sampling_warnings(params), rewards,
-                reward_source,
+                reward_source, scoring_temperature(params),
             )  # fmt: skip
             return diagnose(model, prepared, drawn, diagnosis)
 
@@ -297,6 +307,15 @@ def score(
                 ),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
+
+
+def require_tempered_scorer(settings: Settings, temperature: float) -> None:
+    """vLLM's prompt log-probabilities are the raw model's: refused at another temperature,
+    before any model loads."""
+    if settings.load.scorer == "vllm":
+        from collapsecheck.engines.backends.vllm import require_untempered
+
+        require_untempered(temperature)
 
 
 def require_decoded_inputs(

@@ -42,8 +42,10 @@ def score_traces(
     traces: Sequence[Trace],
     settings: Settings,
     progress: ProgressHook,
+    temperature: float = 1.0,
 ) -> CrossScores:
-    """SPEC "The cross log-probability matrix" of the valid traces."""
+    """SPEC "The cross log-probability matrix" of the valid traces, read at `temperature` (the
+    one they were sampled at)."""
     spec = reasoning_spec(settings.scoring)
     if not any(t.valid for t in traces):
         hint = no_reasoning_hint(prepared, backend.tokenizer, settings.prompts)
@@ -59,6 +61,7 @@ def score_traces(
         seed=settings.analysis.seed,
         flow=action_spec(settings.scoring) is not None,
         image_swap=swap_reason(prepared.ids) is None,
+        temperature=temperature,
     )
 
 

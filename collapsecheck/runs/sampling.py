@@ -194,15 +194,32 @@ def reasoning_check(
     return check
 
 
+def scoring_temperature(params: SamplingParams) -> float:
+    """The temperature scoring reads the policy at: the one the traces were sampled at, as
+    veRL's `compute_log_prob` divides by the rollout temperature (greedy, 0: 1, warned)."""
+    return params.temperature if params.temperature > 0 else 1.0
+
+
 def sampling_warnings(params: SamplingParams) -> tuple[str, ...]:
-    """Sampling other than the policy's own distribution skews what the scorer reads."""
-    if params.temperature == 1 and params.top_p == 1:
-        return ()
-    return (
-        f"sampled at temperature {params.temperature:g} and top-p {params.top_p:g}, not the "
-        "policy's own distribution (temperature 1, top-p 1), while the scorer reads the policy "
-        "at temperature 1: entropy and MI describe these skewed traces, not the policy",
-    )
+    """What the numbers describe when the sampling was not the policy's own distribution."""
+    said = []
+    if params.temperature == 0:
+        said.append(
+            "sampled greedily (temperature 0): the traces are the policy's single most likely "
+            "ones, scored at temperature 1; entropy and MI describe these, not the policy"
+        )
+    elif params.temperature != 1:
+        said.append(
+            f"sampled at temperature {params.temperature:g} and scored there: every number "
+            f"describes the policy at temperature {params.temperature:g}, not at 1"
+        )
+    if params.top_p < 1:
+        said.append(
+            f"sampled with top-p {params.top_p:g}, scored without the cut (a nucleus differs from "
+            "context to context, so cross-scoring cannot apply it): entropy and MI describe these "
+            "trimmed traces under the untrimmed policy"
+        )
+    return tuple(said)
 
 
 def sample(

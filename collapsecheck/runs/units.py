@@ -116,17 +116,23 @@ class WorkUnit:
     def finished(self) -> bool:
         if not (self.cached and self.dump is not None and (self.dump / REPORT_FILE).is_file()):
             return False
-        return not counted_copies_apart(self.dump / REPORT_FILE)
+        return not made_before_its_rules(self.dump / REPORT_FILE)
 
 
-def counted_copies_apart(report: Path) -> bool:
-    """A cached report made before identical contexts counted as one prompt, from prompts
-    that held copies: its N counted each copy, so it is scanned again rather than read."""
+def made_before_its_rules(report: Path) -> bool:
+    """A cached report whose numbers these rules would make otherwise, so it is scanned again
+    rather than read: made before identical contexts counted as one prompt, from prompts that
+    held copies (its N counted each copy), or before traces sampled at a temperature other
+    than 1 were scored at it."""
     try:
-        counts = json.loads(report.read_text(encoding="utf-8")).get("counts", {})
+        saved = json.loads(report.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False  # read as before: a broken entry says so where it is loaded
-    return "input_rows" not in counts and counts.get("distinct_prompts") != counts.get("prompts")
+    counts, settings = saved.get("counts", {}), saved.get("settings", {})
+    copies = "input_rows" not in counts and counts.get("distinct_prompts") != counts.get("prompts")
+    sampled_at = (settings.get("sampling") or {}).get("temperature", 1)
+    untempered = "scoring_temperature" not in settings and sampled_at not in (0, 1)
+    return copies or untempered
 
 
 def cached_unit(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -67,14 +67,18 @@ class Followed:
                 deleted(row, self, say)
         self.queued = {row.name: row for row in rows if row.name not in diagnosed}
 
-    def run_report(self, run_dir: Path, settings: Settings) -> RunReport:
+    def run_report(
+        self, run_dir: Path, settings: Settings, training_log: Path | bool = True,
+        train_keys: Mapping[str, str] | None = None,
+    ) -> RunReport:  # fmt: skip
         """The run report of every step diagnosed so far, in step order (a step the trainer
-        deleted since keeps its row)."""
+        deleted since keeps its row), beside the trainer's log as `scan RUN` reads it
+        (`training_log`: found by itself, a file, or False for none; `train_keys`)."""
         pairs = sorted(self.done.values(), key=lambda pair: order(pair[0].row))
         units = tuple(unit for unit, _ in pairs)
         rows = [unit.row for unit in units]
         try:
-            _, context = run_context(run_dir, settings, rows, [], True, None, None)
+            _, context = run_context(run_dir, settings, rows, [], training_log, train_keys, None)
         except CollapsecheckError:  # the trainer's log, mid-write or unreadable: left out
             _, context = run_context(run_dir, settings, rows, [], False, None, None)
         plan = ScanPlan(units, (None,) * len(units), settings)
@@ -257,6 +261,9 @@ class Watch:
     progress: ProgressHook = silent
     after_step: Callable[[RunReport, RunCheckpoint, Report], None] = lambda run, row, rep: None
     followed: Followed = field(default_factory=Followed)
+    # the trainer's log as `scan RUN` takes it: found by itself, a file, or False for none
+    training_log: Path | bool = True
+    train_keys: Mapping[str, str] = field(default_factory=dict)
 
     def follow(self) -> int:
         """Diagnose each step as it lands until the run ends; the exit code."""
@@ -317,7 +324,9 @@ class Watch:
                 self.after_step(self.run_report(), unit.row, report)
 
     def run_report(self) -> RunReport:
-        return self.followed.run_report(self.run_dir, self.settings)
+        return self.followed.run_report(
+            self.run_dir, self.settings, self.training_log, self.train_keys
+        )
 
     def diagnose(self, unit: WorkUnit) -> int | None:
         """Diagnose one step, write what follows it, and apply the gate; an exit code where

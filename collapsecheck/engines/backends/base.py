@@ -97,8 +97,12 @@ class Backend(Protocol):
         scan's list, so that sampling it in parts draws the same traces)."""
         ...
 
-    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
-        """Sum of log-probabilities of each request's scored tokens (float64, one per request)."""
+    def loglikelihood(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> np.ndarray:
+        """Sum of log-probabilities of each request's scored tokens (float64, one per request)
+        under the policy at `temperature` (softmax of logits / temperature: the distribution
+        the traces were sampled from)."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -165,8 +169,10 @@ class SplitBackend:
             self.scorer = self._load_scorer()  # type: ignore[misc]
         return self.scorer
 
-    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
-        return self._scoring_backend().loglikelihood(requests, progress)
+    def loglikelihood(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> np.ndarray:
+        return self._scoring_backend().loglikelihood(requests, progress, temperature)
 
     def decode(self, ids: Sequence[int]) -> str:
         return decode_ids(self.tokenizer, ids)

@@ -48,9 +48,14 @@ class FunctionBackend:
     ) -> list[list[Sample]]:  # fmt: skip
         raise CollapsecheckError("the caller's log-likelihood function scores; it cannot sample")
 
-    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
+    def loglikelihood(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> np.ndarray:
         """Each request as one (context, continuation) pair: the prompt and the part of the
-        continuation before the scored tokens as context, the scored tokens as continuation."""
+        continuation before the scored tokens as context, the scored tokens as continuation.
+        The caller's function reads the policy at the temperature it applies itself (veRL's
+        `compute_log_prob` divides by the rollout temperature), so `temperature` is not
+        applied here; the report records the function as the scorer."""
         values = np.empty(len(requests), dtype=np.float64)
         for start in range(0, len(requests), self.call_size):
             chunk = requests[start : start + self.call_size]

@@ -145,35 +145,40 @@ def returned_cache(out: Any) -> Any:
 LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
 
 
-def float32_logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    """logsumexp over the vocabulary in float32: logits (B, T, V) -> (B, T). Works through a
-    few rows at a time, so the float32 work space stays small whatever the batch and the
-    model's dtype."""
+def float32_logsumexp(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """logsumexp over the vocabulary of logits / temperature in float32: (B, T, V) -> (B, T).
+    Works through a few rows at a time, so the float32 work space stays small whatever the
+    batch and the model's dtype."""
     out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], LOGPROB_ROWS):
         rows = slice(start, start + LOGPROB_ROWS)
-        out[rows] = torch.logsumexp(logits[rows].float(), dim=-1)
+        out[rows] = torch.logsumexp(logits[rows].float() / temperature, dim=-1)
     return out
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] in float32: logits (B, T, V), targets (B, T) -> (B, T)."""
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
-    return picked - float32_logsumexp(logits)
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[target] in float32: logits (B, T, V), targets (B, T)
+    -> (B, T). The temperature is the one the traces were sampled at (SPEC "Sampling")."""
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature
+    return picked - float32_logsumexp(logits, temperature)
 
 
 def predicted_logprobs(
     logits: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor,
-    targets: torch.Tensor,
+    targets: torch.Tensor, temperature: float = 1.0,
 ) -> torch.Tensor:  # fmt: skip
-    """log p(targets[b, t]) in float32 when the token is predicted by the logits at input
-    position `predictor[b, t]` of its row, or by `first_logits` (1, V) where that is -1: a
-    stem token by the one before it, a branch's first token by the stem token it leaves
-    after. `logits` (B, inputs, V) may be narrower than `targets` (B, T)."""
+    """log p(targets[b, t]) in float32, at `temperature`, when the token is predicted by the
+    logits at input position `predictor[b, t]` of its row, or by `first_logits` (1, V) where
+    that is -1: a stem token by the one before it, a branch's first token by the stem token it
+    leaves after. `logits` (B, inputs, V) may be narrower than `targets` (B, T)."""
     rows = torch.arange(targets.shape[0], device=targets.device)[:, None]
     at = predictor.clamp(min=0)
-    picked = logits[rows, at, targets].float() - float32_logsumexp(logits)[rows, at]
-    first = first_logits[0, targets].float() - torch.logsumexp(first_logits[0].float(), dim=-1)
+    lse = float32_logsumexp(logits, temperature)[rows, at]
+    picked = logits[rows, at, targets].float() / temperature - lse
+    first_row = first_logits[0].float() / temperature
+    first = first_row[targets] - torch.logsumexp(first_row, dim=-1)
     return torch.where(predictor >= 0, picked, first)
 
 
@@ -236,6 +241,7 @@ class _StemGroup:
     sequences: list[_Sequence]
     out: np.ndarray
     offset: int = 0  # what a continuation's positions add beyond the context's length
+    temperature: float = 1.0  # the one the traces were sampled at
 
 
 class TransformersBackend:
@@ -475,12 +481,14 @@ class TransformersBackend:
     # -- scoring ------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def loglikelihood(self, requests: Sequence[ScoreRequest], progress: Progress) -> np.ndarray:
+    def loglikelihood(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> np.ndarray:
         out = np.zeros(len(requests), dtype=np.float64)
         if self.scorer == "naive":
-            self._score_naive(requests, out, progress)
+            self._score_naive(requests, out, progress, temperature)
         else:
-            self._score_cached(requests, out, progress)
+            self._score_cached(requests, out, progress, temperature)
         return out
 
     def _score_batches(
@@ -515,8 +523,9 @@ class TransformersBackend:
             progress(done)
 
     def _score_naive(
-        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
-    ) -> None:
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        temperature: float,
+    ) -> None:  # fmt: skip
         def score(batch: list[int]) -> int:
             rows = [requests[i].context + requests[i].continuation for i in batch]
             ids = _right_pad(rows, self.pad_id, self.device)
@@ -526,7 +535,8 @@ class TransformersBackend:
             starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
             ends = [len(r) - 1 for r in rows]
             mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
-            out[batch] = masked_sums(token_logprobs(logits[:, :-1], ids[:, 1:]), mask)
+            logprobs = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
+            out[batch] = masked_sums(logprobs, mask)
             return len(batch)
 
         lengths = [len(r.context) + len(r.continuation) for r in requests]
@@ -550,8 +560,9 @@ class TransformersBackend:
             yield context, returned_cache(out), out.logits[:, -1, :]
 
     def _score_cached(
-        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
-    ) -> None:
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        temperature: float,
+    ) -> None:  # fmt: skip
         """Each distinct context is run once; each distinct stem once on top of it (batched by
         length), carrying on into its most common branch, with every other branch (an action
         after a reasoning, say) appended to the same row."""
@@ -564,7 +575,9 @@ class TransformersBackend:
                 request = requests[index]
                 stems[request.continuation[: request.stem_length]].append(index)
             sequences = [_Sequence.of(stem, requests, members) for stem, members in stems.items()]
-            group = _StemGroup(cache, first_logits, sequences, out, self.position_offset(context))
+            group = _StemGroup(
+                cache, first_logits, sequences, out, self.position_offset(context), temperature
+            )
             score = functools.partial(self._score_stems, group)
             widths = [len(sequence.ids) for sequence in sequences]
             self._score_batches(range(len(sequences)), widths, score, progress)
@@ -593,7 +606,9 @@ class TransformersBackend:
             ).logits
         else:  # plain rows: causal on the context, right padding after every real token
             logits = self._forward_cached(cache, input_ids=layout.ids, use_cache=True).logits
-        logprobs = predicted_logprobs(logits, group.first_logits, layout.predictor, layout.targets)
+        logprobs = predicted_logprobs(
+            logits, group.first_logits, layout.predictor, layout.targets, group.temperature
+        )
         totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
         spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
         values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]

@@ -210,8 +210,9 @@ class VisionLanguageBackend(TransformersBackend):
             yield context, *self._prefill(context)
 
     def _score_naive(
-        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress
-    ) -> None:
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        temperature: float,
+    ) -> None:  # fmt: skip
         """One plain forward pass of [context | continuation] per request, images and all."""
         for index, request in enumerate(requests):
             row = request.context + request.continuation
@@ -219,7 +220,7 @@ class VisionLanguageBackend(TransformersBackend):
             inputs.pop("delta")
             logits = self._forward(inputs).logits[0, :-1]
             targets = torch.tensor(row[1:], device=self.device).clamp(min=0)
-            logprobs = token_logprobs(logits[None], targets[None])[0]
+            logprobs = token_logprobs(logits[None], targets[None], temperature)[0]
             out[index] = float(
                 logprobs[len(request.context) + request.scored_from - 1 :].double().sum()
             )

@@ -30,7 +30,7 @@ def test_healthy_checkpoint_exits_zero_and_writes_json(tmp_path):
     assert "verdict: grounded" in result.output
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"]["regime"] == "grounded"
-    assert set(report["verdict"]) == {"regime", "style", "partial", "reason"}
+    assert set(report["verdict"]) == {"regime", "style", "partial", "reason", "kind_uncertain"}
     assert set(report["metrics"]["normalized_mi"]) == {"value", "low", "high"}
     assert report["settings"]["samples_per_prompt"] == 4
     assert len(report["settings"]["prompts_sha256"]) == 64

@@ -268,7 +268,7 @@ def test_tensorboard_scalars_land_beside_the_trainers_and_a_restart_adds_no_poin
     assert ours["collapse/normalized_mi"][0][1] > 0.5 > ours["collapse/normalized_mi"][1][1]
     assert not any("_ema" in tag for tag in ours)
     assert scalars(trainer_logs)["train/reward"][-1] == (200, pytest.approx(0.2))
-    assert "step 100: grounded (from the results cache)" in "\n".join(lines)
+    assert "step 100: grounded (diverse), from the results cache" in "\n".join(lines)
 
 
 # -- killed and started again, as a separate process --------------------------------------
@@ -297,7 +297,7 @@ def test_sigkill_then_the_same_command_diagnoses_no_step_twice_and_loses_none(tm
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stderr
     said = again.stderr
-    assert "step 100: grounded (from the results cache)" in said  # not diagnosed twice
+    assert "step 100: grounded (diverse), from the results cache" in said  # not diagnosed twice
     assert "sampling, step 200" not in said  # its traces were kept: not sampled twice
     assert said.count("step 200: template_collapse, normalized MI") == 1  # diagnosed once
     assert "100" in again.stdout and "200" in again.stdout  # the run table, both steps
@@ -571,7 +571,7 @@ def test_verl_shards_are_read_once_the_tracker_names_their_step(tmp_path):
     writing.join()
     said = "\n".join(lines)
     assert said.count("step 1: ") == 1 and said.count("step 2: ") == 1, said
-    assert "step 2: template_collapse (from the results cache)" in said  # the same weights
+    assert "step 2: template_collapse, from the results cache" in said  # the same weights
     expected = unsmoothed(scan(shards, PROMPTS, **tiny).metrics)
     for report in reports_by_folder(watch).values():
         assert unsmoothed(report.metrics) == expected

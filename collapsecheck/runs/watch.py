@@ -320,7 +320,7 @@ class Watch:
                 (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
                                      labelled=False)  # fmt: skip
                 self.followed.done[unit_key(unit)] = (unit, report)
-                self.say(f"step {unit.label}: {report.verdict.label} (from the results cache)")
+                self.say(f"step {unit.label}: {report.verdict.label}, from the results cache")
                 self.after_step(self.run_report(), unit.row, report)
 
     def run_report(self) -> RunReport:

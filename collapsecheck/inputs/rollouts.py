@@ -98,6 +98,7 @@ class _Turn:
     prompt_ids: tuple[int, ...] | None = None  # the exact context, where the trainer kept it
     rendered: bool = False  # the prompt is the context as text, chat markers and all
     images: tuple[Any, ...] = ()  # a kept context's images (`inputs.images.PromptImage`)
+    temperature: float | None = None  # the one it was sampled at, where the row names it
 
 
 def _reward(row: dict[str, Any], options: RolloutOptions, where: str) -> float | None:
@@ -138,7 +139,18 @@ def _turn(
     rendered = bool(row.get("rendered", False))
     images = tuple(row.get("prompt_images", ()))
     own = own if own is not None else reward
-    return _Turn(prompt, response, truncated, own, context, rendered, images)
+    temperature = _temperature(row, where)
+    return _Turn(prompt, response, truncated, own, context, rendered, images, temperature)
+
+
+def _temperature(row: dict[str, Any], where: str) -> float | None:
+    """The temperature the row's response was sampled at, where the row names one."""
+    value = row.get("temperature")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise CollapsecheckError(f"{where}: 'temperature' must be a number >= 0, got {value!r}")
+    return float(value)
 
 
 def token_ids(value: Any, where: str, name: str) -> tuple[int, ...]:
@@ -261,7 +273,20 @@ def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
     rewards, source = _rewards(groups, rows, options)
     if source is not None:
         settings["rewards"] = source
+    settings.update(sampled_temperature(groups, path))
     return ParsedRollouts(groups, rewards, settings)
+
+
+def sampled_temperature(groups: list[list[_Turn]], path: Path) -> dict[str, Any]:
+    """`{"sampled_temperature": T}` where the rows name the temperature they were sampled at
+    (one for all of them: a matrix reads one policy), else nothing (scored at 1)."""
+    named = sorted({t.temperature for group in groups for t in group if t.temperature is not None})
+    if len(named) > 1:
+        raise CollapsecheckError(
+            f"{path}: responses sampled at temperatures {', '.join(f'{t:g}' for t in named)}: "
+            "score the rows of one temperature at a time (each is a different policy)"
+        )
+    return {"sampled_temperature": named[0]} if named else {}
 
 
 def match_decoded_inputs(

@@ -73,4 +73,17 @@ def read_dump_samples(directory: str | Path) -> SampledPrompts:
         Prompt(r.text, f"{directory / PROMPTS_FILE}:{i + 1}") for i, r in enumerate(rendered)
     ]
     settings = {"rollouts": str(directory), "rollouts_sha256": file_sha256(directory / TRACES_FILE)}
+    settings.update(dump_temperature(directory))
     return SampledPrompts(prompts, rendered, samples, settings)
+
+
+def dump_temperature(directory: Path) -> dict[str, float]:
+    """`{"sampled_temperature": T}` from the dump's report.json, where the scan that wrote it
+    finished: the temperature it sampled at, or the one its rollouts named; else nothing."""
+    try:
+        settings = json.loads((directory / "report.json").read_text(encoding="utf-8"))["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    sampling = settings.get("sampling") or {}
+    named = sampling.get("temperature", settings.get("sampled_temperature"))
+    return {} if named is None else {"sampled_temperature": float(named)}

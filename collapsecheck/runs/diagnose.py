@@ -77,7 +77,12 @@ from collapsecheck.runs.report_contents import (
     trace_counts,
     utc_now,
 )
-from collapsecheck.runs.sampling import sample, sampling_warnings, scoring_temperature
+from collapsecheck.runs.sampling import (
+    sample,
+    sampling_warnings,
+    scoring_temperature,
+    temperature_warnings,
+)
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
     Settings,
@@ -219,7 +224,7 @@ def scan(
     rewards, reward_source = reward_function(settings)
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
-    require_tempered_scorer(settings, scoring_temperature(params))
+    require_tempered_scorer(settings, scoring_temperature(params.temperature))
     with open_backend(checkpoint, loaded, settings) as model:
         rendered = render_prompts(prompt_list, model.tokenizer, settings.prompts, vision_of(model))
         reserve = [params.max_new_tokens] * len(rendered)
@@ -246,7 +251,7 @@ def scan(
             diagnosis = Diagnosis(
                 settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
                 recorded, timing, dump_dir, progress, sampling_warnings(params), rewards,
-                reward_source, scoring_temperature(params),
+                reward_source, scoring_temperature(params.temperature),
             )  # fmt: skip
             return diagnose(model, prepared, drawn, diagnosis)
 
@@ -276,6 +281,8 @@ def score(
     options = rollout_options or RolloutOptions.of(settings)
     # a bad row is refused before any model loads
     parsed = parsed or parse_rollouts(rollouts, options)
+    if parsed is not None:
+        require_tempered_scorer(settings, scoring_temperature(sampled_at(parsed.settings)))
     if training_prompts is not None:
         require_decoded_inputs(parsed, rollouts, Path(training_prompts))
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
@@ -305,8 +312,17 @@ def score(
                 reward_source=(
                     f"rollouts, {data.settings['rewards']}" if data.rewards is not None else None
                 ),
+                warnings=tuple(
+                    temperature_warnings(sampled_at(data.settings), "the rollouts were sampled")
+                ),
+                temperature=scoring_temperature(sampled_at(data.settings)),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
+
+
+def sampled_at(rollouts: dict[str, Any]) -> float:
+    """The temperature rollouts were sampled at, as their rows name it; 1 where they do not."""
+    return rollouts.get("sampled_temperature", 1.0)
 
 
 def require_tempered_scorer(settings: Settings, temperature: float) -> None:

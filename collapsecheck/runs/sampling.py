@@ -194,25 +194,30 @@ def reasoning_check(
     return check
 
 
-def scoring_temperature(params: SamplingParams) -> float:
+def scoring_temperature(sampled_at: float) -> float:
     """The temperature scoring reads the policy at: the one the traces were sampled at, as
     veRL's `compute_log_prob` divides by the rollout temperature (greedy, 0: 1, warned)."""
-    return params.temperature if params.temperature > 0 else 1.0
+    return sampled_at if sampled_at > 0 else 1.0
+
+
+def temperature_warnings(sampled_at: float, how: str = "sampled") -> list[str]:
+    """What the numbers describe when the traces were `how` at a temperature other than 1."""
+    if sampled_at == 0:
+        return [
+            f"{how} greedily (temperature 0): the traces are the policy's single most likely "
+            "ones, scored at temperature 1; entropy and MI describe these, not the policy"
+        ]
+    if sampled_at != 1:
+        return [
+            f"{how} at temperature {sampled_at:g} and scored there: every number describes the "
+            f"policy at temperature {sampled_at:g}, not at 1"
+        ]
+    return []
 
 
 def sampling_warnings(params: SamplingParams) -> tuple[str, ...]:
     """What the numbers describe when the sampling was not the policy's own distribution."""
-    said = []
-    if params.temperature == 0:
-        said.append(
-            "sampled greedily (temperature 0): the traces are the policy's single most likely "
-            "ones, scored at temperature 1; entropy and MI describe these, not the policy"
-        )
-    elif params.temperature != 1:
-        said.append(
-            f"sampled at temperature {params.temperature:g} and scored there: every number "
-            f"describes the policy at temperature {params.temperature:g}, not at 1"
-        )
+    said = temperature_warnings(params.temperature)
     if params.top_p < 1:
         said.append(
             f"sampled with top-p {params.top_p:g}, scored without the cut (a nucleus differs from "

@@ -104,6 +104,18 @@ def trajectory_rows(path: Path, data: dict[str, list[Any]]) -> list[Row]:
     return rows
 
 
+def sampled_at(data: dict[str, list[Any]], index: int, where: str) -> dict[str, float]:
+    """The temperature a response was generated at, from its `sampling_params` (JSON text of
+    `{"generation_config": {"temperature": T, ...}}`), where it names one."""
+    if "sampling_params" not in data:
+        return {}
+    params = parsed(data["sampling_params"][index], where, "sampling_params")
+    config = params.get("generation_config") if isinstance(params, dict) else None
+    if not isinstance(config, dict) or "temperature" not in config:
+        return {}
+    return {"temperature": number(config["temperature"], where, "sampling_params temperature")}
+
+
 def read(path: Path) -> TrainerRollouts:
     data = columns(path)
     if "trajectory_data" in data:
@@ -127,6 +139,7 @@ def read(path: Path) -> TrainerRollouts:
             "response": text(data["responses"][index], where, "responses"),
             "reward": number(data["scores"][index], where, "scores"),
             **({"group": data["id"][index]} if "id" in data else {}),  # else by the prompt
+            **sampled_at(data, index, where),
         }, index + 1))  # fmt: skip
     if not rows:
         raise CollapsecheckError(f"{path}: no responses (the columns are empty)")

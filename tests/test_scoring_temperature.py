@@ -63,7 +63,7 @@ def test_rows_at_two_temperatures_are_refused(tempered, tmp_path):
     rows = rollout_rows(dump, temperature=0.7)
     rows[3]["temperature"] = 1.0
     mixed = write_jsonl(tmp_path / "mixed.jsonl", rows)
-    with pytest.raises(CollapsecheckError, match="sampled at temperatures 0.7, 1"):
+    with pytest.raises(CollapsecheckError, match=r"sampled at temperatures 0\.7, 1"):
         score(HEALTHY, mixed, **FAST)
 
 

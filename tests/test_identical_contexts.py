@@ -199,3 +199,26 @@ def test_the_trl_callback_counts_a_batchs_repeated_prompts_once(tmp_path):
     assert report.metrics["retrieval_chance_level"] == pytest.approx(1 / 2)
     (logged,) = [e for e in trainer.state.log_history if "collapse/normalized_mi" in e]
     assert logged["collapse/mi_upper_bound_distinct"] == pytest.approx(math.log(2))
+
+
+def test_keep_prompts_writes_every_row_of_a_merged_prompt(sampled, tmp_path):
+    """Two uids per context; only context 0's rewards vary, so the SNR filter keeps it: both
+    of its groups' rows are written, verbatim."""
+    from typer.testing import CliRunner
+
+    from collapsecheck.cli import app
+
+    rows = []
+    for i, (messages, response) in enumerate(sampled[: 4 * K]):
+        group, context = i // (K // 2), i // K
+        reward = float(i % 2) if context == 0 else 1.0
+        rows.append({"prompt": messages, "response": response, "uid": group, "reward": reward})
+    path = write_jsonl(tmp_path / "split.jsonl", rows)
+    kept = tmp_path / "kept.jsonl"
+    result = CliRunner().invoke(app, ["score", str(path), "-c", str(HEALTHY), "--device", "cpu",
+                                      "--bootstrap", "100", "--keep-prompts", str(kept)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = path.read_text().splitlines()
+    # the first row of each of context 0's two groups (uids 0 and 1)
+    assert kept.read_text().splitlines() == [lines[0], lines[K // 2]]
+    assert "kept 1 of 4 prompts" in " ".join(result.output.split())

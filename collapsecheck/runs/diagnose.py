@@ -290,6 +290,7 @@ def score(
         loaded = time.perf_counter()
         data = rollouts_for(model, rollouts, options, settings, parsed, training_prompts)
         require_two_prompts(len(data.prompts), rollouts, data.settings.get("prompt_matching"))
+        rows = prompt_rows(data, rollouts, training_prompts)  # each row's, before merging
         prepared, data = prepare_sampled(data, model, settings, data.settings["rollouts"])
         with holding(dump) as dump_dir:
             diagnosis = Diagnosis(
@@ -302,7 +303,7 @@ def score(
                     "prompts": data.settings["rollouts"],
                     "prompts_sha256": data.settings["rollouts_sha256"],
                     "samples_per_prompt": max(len(s) for s in data.samples),
-                    "prompt_rows": prompt_rows(data, rollouts, training_prompts),
+                    "prompt_rows": rows,
                     **data.settings,
                 },
                 timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
@@ -312,10 +313,7 @@ def score(
                 reward_source=(
                     f"rollouts, {data.settings['rewards']}" if data.rewards is not None else None
                 ),
-                warnings=tuple(
-                    temperature_warnings(sampled_at(data.settings), "the rollouts were sampled")
-                ),
-                temperature=scoring_temperature(sampled_at(data.settings)),
+                **rollouts_temperature(data.settings),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
 
@@ -323,6 +321,15 @@ def score(
 def sampled_at(rollouts: dict[str, Any]) -> float:
     """The temperature rollouts were sampled at, as their rows name it; 1 where they do not."""
     return rollouts.get("sampled_temperature", 1.0)
+
+
+def rollouts_temperature(rollouts: dict[str, Any]) -> dict[str, Any]:
+    """The temperature rollouts are scored at, and the warning that says so when not 1."""
+    named = sampled_at(rollouts)
+    return {
+        "temperature": scoring_temperature(named),
+        "warnings": tuple(temperature_warnings(named, "the rollouts were sampled")),
+    }
 
 
 def require_tempered_scorer(settings: Settings, temperature: float) -> None:

@@ -215,8 +215,9 @@ def test_keep_prompts_writes_every_row_of_a_merged_prompt(sampled, tmp_path):
         rows.append({"prompt": messages, "response": response, "uid": group, "reward": reward})
     path = write_jsonl(tmp_path / "split.jsonl", rows)
     kept = tmp_path / "kept.jsonl"
-    result = CliRunner().invoke(app, ["score", str(path), "-c", str(HEALTHY), "--device", "cpu",
-                                      "--bootstrap", "100", "--keep-prompts", str(kept)])  # fmt: skip
+    args = ["score", str(path), "-c", str(HEALTHY), "--device", "cpu", "--bootstrap", "100",
+            "--keep-prompts", str(kept)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     lines = path.read_text().splitlines()
     # the first row of each of context 0's two groups (uids 0 and 1)

@@ -316,7 +316,7 @@ class Watch:
         """Steps the results cache already holds (diagnosed before a restart): read, said
         once, and written to the dashboards (which keep each step once)."""
         for unit in units:
-            if unit.finished() and unit_key(unit) not in self.followed.done:
+            if unit_key(unit) not in self.followed.done and unit.finished():
                 (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
                                      labelled=False)  # fmt: skip
                 self.followed.done[unit_key(unit)] = (unit, report)

@@ -145,6 +145,12 @@ def returned_cache(out: Any) -> Any:
 LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
 
 
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 logits / temperature; at temperature 1 no copy is made (the scoring hot path)."""
+    logits = logits.float()
+    return logits if temperature == 1 else logits / temperature
+
+
 def float32_logsumexp(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """logsumexp over the vocabulary of logits / temperature in float32: (B, T, V) -> (B, T).
     Works through a few rows at a time, so the float32 work space stays small whatever the
@@ -152,7 +158,7 @@ def float32_logsumexp(logits: torch.Tensor, temperature: float = 1.0) -> torch.T
     out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], LOGPROB_ROWS):
         rows = slice(start, start + LOGPROB_ROWS)
-        out[rows] = torch.logsumexp(logits[rows].float() / temperature, dim=-1)
+        out[rows] = torch.logsumexp(tempered(logits[rows], temperature), dim=-1)
     return out
 
 
@@ -161,7 +167,7 @@ def token_logprobs(
 ) -> torch.Tensor:
     """log softmax(logits / temperature)[target] in float32: logits (B, T, V), targets (B, T)
     -> (B, T). The temperature is the one the traces were sampled at (SPEC "Sampling")."""
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1).float() / temperature
+    picked = tempered(logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1), temperature)
     return picked - float32_logsumexp(logits, temperature)
 
 
@@ -176,8 +182,8 @@ def predicted_logprobs(
     rows = torch.arange(targets.shape[0], device=targets.device)[:, None]
     at = predictor.clamp(min=0)
     lse = float32_logsumexp(logits, temperature)[rows, at]
-    picked = logits[rows, at, targets].float() / temperature - lse
-    first_row = first_logits[0].float() / temperature
+    picked = tempered(logits[rows, at, targets], temperature) - lse
+    first_row = tempered(first_logits[0], temperature)
     first = first_row[targets] - torch.logsumexp(first_row, dim=-1)
     return torch.where(predictor >= 0, picked, first)
 

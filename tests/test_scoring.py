@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from collapsecheck.engines.backends.base import ScoreRequest, no_progress
-from collapsecheck.engines.backends.hf import (
-    TransformersBackend,
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.hf_scoring import (
     common_prefix_length,
     length_batches,
     token_logprobs,

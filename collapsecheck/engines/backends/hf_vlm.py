@@ -31,11 +31,8 @@ import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams, ScoreRequest
-from collapsecheck.engines.backends.hf import (
-    TransformersBackend,
-    returned_cache,
-    token_logprobs,
-)
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.hf_scoring import returned_cache, token_logprobs
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import ImageSlots, PromptImage
 from collapsecheck.settings import LoadSettings

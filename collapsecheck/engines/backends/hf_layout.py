@@ -1,0 +1,167 @@
+"""How the cached scorer lays out the requests of one context (SPEC "Information flow",
+"Early answering"): each distinct stem (a trace's response prefix and reasoning) is one row,
+carried on into its most common branch; every other branch (an action after the reasoning,
+after another trace's reasoning, or after the reasoning cut short) is appended to the same row
+and attends to the row up to where it leaves it. One forward pass then scores them all.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+
+from collapsecheck.engines.backends.base import ScoreRequest
+
+
+def common_branch(tails: dict[tuple[tuple[int, ...], int], list[int]]) -> tuple[int, ...]:
+    """Of the tokens after a stem (with where their scoring starts, and the requests that
+    ask for them), those that most requests continue with (none if none does): the stem's
+    own pass runs them, so those requests need no branch of their own."""
+    counts: Counter[tuple[int, ...]] = Counter()
+    for (tail, _), indices in tails.items():
+        if tail:
+            counts[tail] += len(indices)
+    return max(counts, key=counts.__getitem__) if counts else ()
+
+
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` begin with in common."""
+    shared = 0
+    for mine, theirs in zip(a, b, strict=False):
+        if mine != theirs:
+            break
+        shared += 1
+    return shared
+
+
+@dataclass(frozen=True)
+class StemRow:
+    """One stem row, its distinct other branches appended, as one sequence. Its tokens are
+    its targets: for each, the token whose logits predict it (`predictor`, an index into the
+    inputs; -1: the context's last). Its inputs are the tokens whose logits something reads
+    (a branch's last token, and the row's when no branch leaves after it, are scored but
+    never run): for each its id, branch (-1: the row), offset in that branch, position and
+    how many row tokens it sees. For each request it answers, the span of its targets."""
+
+    ids: list[int]
+    branch: list[int]
+    offset: list[int]
+    position: list[int]
+    row_seen: list[int]
+    targets: list[int]
+    predictor: list[int]
+    requests: list[int]
+    spans: list[tuple[int, int]]
+
+    @classmethod
+    def of(
+        cls, stem: tuple[int, ...], requests: Sequence[ScoreRequest], members: Sequence[int]
+    ) -> StemRow:
+        tails: dict[tuple[tuple[int, ...], int], list[int]] = defaultdict(list)
+        for index in members:  # requests asking for the same tokens are laid out once
+            request = requests[index]
+            tails[(request.continuation[len(stem) :], request.scored_from)].append(index)
+        carried = common_branch(tails)
+        row = stem + carried
+        width = len(row)
+        ids, branch, offset = list(row), [-1] * width, list(range(width))
+        position, row_seen = list(range(width)), list(range(1, width + 1))
+        predictor = list(range(-1, width - 1))
+        starts: dict[tuple[int, tuple[int, ...]], int] = {}
+        order, spans = [], []
+        for (tail, scored_from), indices in tails.items():
+            order += indices
+            if tail == carried[: len(tail)]:  # inside the row
+                spans += [(scored_from, len(stem) + len(tail))] * len(indices)
+                continue
+            # the branch leaves the row after the tokens it shares with it (the mid before
+            # an action, say), but no later than where its scored tokens begin
+            at = min(len(stem) + shared_length(tail, carried), scored_from)
+            own = (stem + tail)[at:]
+            if (at, own) not in starts:
+                start = starts[(at, own)] = len(ids)
+                ids += own
+                branch += [len(starts) - 1] * len(own)
+                offset += range(len(own))
+                position += range(at, at + len(own))
+                row_seen += [at] * len(own)
+                predictor += [at - 1, *range(start, start + len(own) - 1)]
+            start = starts[(at, own)]
+            spans += [(start + scored_from - at, start + len(own))] * len(indices)
+        inputs = read_inputs(predictor)
+        kept = {token: index for index, token in enumerate(inputs)}
+        return cls(
+            [ids[t] for t in inputs], [branch[t] for t in inputs], [offset[t] for t in inputs],
+            [position[t] for t in inputs], [row_seen[t] for t in inputs], ids,
+            [kept.get(t, -1) for t in predictor], order, spans,
+        )  # fmt: skip
+
+
+def read_inputs(predictor: Sequence[int]) -> list[int]:
+    """The tokens whose logits predict another (and the first, so that no sequence is
+    empty), in order. The others are a branch's last token, or the row's when nothing leaves
+    after it: no token sees them (a branch token sees its own branch's earlier tokens and
+    the row before its attach point), so leaving them out of the pass is exact."""
+    read = set(predictor)
+    return [t for t in range(len(predictor)) if t in read or t == 0]
+
+
+@dataclass
+class RowLayout:
+    """Sequences right-padded into model inputs (padding sees only the context)."""
+
+    ids: torch.Tensor
+    branch: torch.Tensor
+    offset: torch.Tensor
+    positions: torch.Tensor
+    row_seen: torch.Tensor
+    targets: torch.Tensor
+    predictor: torch.Tensor
+    requests: list[int]
+    spans: list[tuple[int, int, int]]  # (row in the batch, start, end) of targets per request
+
+    @property
+    def branched(self) -> bool:
+        return bool((self.branch >= 0).any())
+
+    @classmethod
+    def of(cls, sequences: Sequence[StemRow], device: str) -> RowLayout:
+        def real(lengths: Sequence[int]) -> np.ndarray:
+            """Which cells of the padded (rows, longest) array hold a token, row-major."""
+            lengths = np.array(lengths)
+            return np.arange(lengths.max())[None, :] < lengths[:, None]
+
+        inputs = real([len(s.ids) for s in sequences])
+        targets = real([len(s.targets) for s in sequences])
+
+        def padded(field: str, fill: int, cells: np.ndarray) -> torch.Tensor:
+            out = np.full(cells.shape, fill, dtype=np.int64)
+            out[cells] = np.fromiter(chain.from_iterable(getattr(s, field) for s in sequences),
+                                     dtype=np.int64, count=int(cells.sum()))  # fmt: skip
+            return torch.from_numpy(out).to(device)
+
+        requests = [index for s in sequences for index in s.requests]
+        spans = [(b, *span) for b, s in enumerate(sequences) for span in s.spans]
+        return cls(
+            padded("ids", 0, inputs), padded("branch", -2, inputs), padded("offset", 0, inputs),
+            padded("position", 0, inputs), padded("row_seen", 0, inputs),
+            padded("targets", 0, targets), padded("predictor", -1, targets), requests, spans,
+        )  # fmt: skip
+
+    def allowed(self, context_length: int) -> torch.Tensor:
+        """(rows, 1, width, context + width): every token sees the context; a row token the
+        row up to itself; a branch token the row before its attach point and its own branch
+        up to itself."""
+        query, key = (slice(None), slice(None), None), (slice(None), None, slice(None))
+        sees_row = (self.branch[key] == -1) & (self.offset[key] < self.row_seen[query])
+        own_branch = (self.branch[key] == self.branch[query]) & (self.branch[query] >= 0)
+        sees_branch = own_branch & (self.offset[key] <= self.offset[query])
+        context = torch.ones(
+            (*self.ids.shape, context_length), dtype=torch.bool, device=self.ids.device
+        )
+        return torch.cat([context, sees_row | sees_branch], dim=-1)[:, None]

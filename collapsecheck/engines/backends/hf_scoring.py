@@ -1,0 +1,314 @@
+"""Scoring with a transformers model (the backend's `loglikelihood`), two scorers:
+
+- `cached` (default): each distinct context (a prompt) is run once; its key/value cache is
+  copied to a batch of continuations, which are packed by length (right padding), each stem
+  with its branches in one row (`hf_layout`).
+- `naive` (reference, SPEC-exact by construction): one plain forward pass over
+  [context | continuation] for every request.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from collapsecheck.engines.backends.base import Progress, ScoreRequest
+from collapsecheck.engines.backends.hf_layout import RowLayout, StemRow
+from collapsecheck.errors import CollapsecheckError
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
+    """Indices grouped longest first so that (batch size x longest length) <= max_tokens and
+    each batch's lengths are over half its longest (padding at most doubles the work)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batch: list[int] = []
+    for index in order:
+        longest = lengths[batch[0]] if batch else lengths[index]
+        if batch and ((len(batch) + 1) * longest > max_tokens or 2 * lengths[index] <= longest):
+            yield batch
+            batch = []
+        batch.append(index)
+    if batch:
+        yield batch
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Length of the prefix all sequences share, kept shorter than the shortest one so that
+    every sequence still has a token of its own to predict from."""
+    if not sequences:
+        return 0
+    shortest = min(len(s) for s in sequences)
+    length = 0
+    while length < shortest - 1 and all(s[length] == sequences[0][length] for s in sequences):
+        length += 1
+    return length
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword a model's forward takes its key/value cache by: `cache` in the newer
+    transformers (which warn on the old name), `past_key_values` in the older ones."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The key/value cache a forward pass returned, under whichever name this transformers
+    gives it (read as a mapping: the old attribute warns in the newer versions)."""
+    cache = out.get("cache")
+    return cache if cache is not None else out.get("past_key_values")
+
+
+LOGPROB_ROWS = 8  # rows of logits turned into log-probabilities at a time
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 logits / temperature; at temperature 1 no copy is made (the scoring hot path)."""
+    logits = logits.float()
+    return logits if temperature == 1 else logits / temperature
+
+
+def float32_logsumexp(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """logsumexp over the vocabulary of logits / temperature in float32: (B, T, V) -> (B, T).
+    Works through a few rows at a time, so the float32 work space stays small whatever the
+    batch and the model's dtype."""
+    out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], LOGPROB_ROWS):
+        rows = slice(start, start + LOGPROB_ROWS)
+        out[rows] = torch.logsumexp(tempered(logits[rows], temperature), dim=-1)
+    return out
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[target] in float32: logits (B, T, V), targets (B, T)
+    -> (B, T). The temperature is the one the traces were sampled at (SPEC "Sampling")."""
+    picked = tempered(logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1), temperature)
+    return picked - float32_logsumexp(logits, temperature)
+
+
+def predicted_logprobs(
+    logits: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor,
+    targets: torch.Tensor, temperature: float = 1.0,
+) -> torch.Tensor:  # fmt: skip
+    """log p(targets[b, t]) in float32, at `temperature`, when the token is predicted by the
+    logits at input position `predictor[b, t]` of its row, or by `first_logits` (1, V) where
+    that is -1: a stem token by the one before it, a branch's first token by the stem token it
+    leaves after. `logits` (B, inputs, V) may be narrower than `targets` (B, T)."""
+    rows = torch.arange(targets.shape[0], device=targets.device)[:, None]
+    at = predictor.clamp(min=0)
+    lse = float32_logsumexp(logits, temperature)[rows, at]
+    picked = tempered(logits[rows, at, targets], temperature) - lse
+    first_row = tempered(first_logits[0], temperature)
+    first = first_row[targets] - torch.logsumexp(first_row, dim=-1)
+    return torch.where(predictor >= 0, picked, first)
+
+
+def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+    """Per-row sum of the masked log-probabilities, in float64 on the host."""
+    return (logprobs.double() * mask).sum(dim=1).cpu().numpy()
+
+
+def _right_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out.to(device)
+
+
+def _positions_mask(starts: Sequence[int], ends: Sequence[int], width: int) -> torch.Tensor:
+    position = torch.arange(width)[None, :]
+    return (position >= torch.tensor(starts)[:, None]) & (position < torch.tensor(ends)[:, None])
+
+
+def _select_rows(cache: Any, rows: torch.Tensor) -> Any:
+    """A cache holding the given batch rows of `cache`, which stays as it is: each layer's
+    keys and values are indexed into new tensors, and nothing else is copied."""
+    clone = copy.copy(cache)
+    clone.layers = [copy.copy(layer) for layer in cache.layers]
+    clone.reorder_cache(rows)
+    return clone
+
+
+@dataclass
+class _StemGroup:
+    """The rows of one context, each a stem with its branches, and the context's key/value
+    cache."""
+
+    cache: Any
+    first_logits: torch.Tensor  # the context's logits for the first stem token
+    sequences: list[StemRow]
+    out: np.ndarray
+    offset: int = 0  # what a continuation's positions add beyond the context's length
+    temperature: float = 1.0  # the one the traces were sampled at
+
+
+class TransformersScoring:
+    """The scorers of `TransformersBackend` (which holds `model`, `device`, `scorer`,
+    `batch_tokens`, `pad_id` and `cache_keyword`)."""
+
+    model: Any
+    device: str
+    scorer: str
+    batch_tokens: int
+    pad_id: int
+    cache_keyword: str
+
+    def position_offset(self, context: Sequence[int]) -> int:
+        """What a continuation's positions add beyond the context's length (0 for text; a
+        vision-language model's rope delta after its images)."""
+        return 0
+
+    def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
+        """Key/value cache of one context and the logits that predict its next token."""
+        ids = torch.tensor([list(context)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        return returned_cache(out), out.logits[:, -1, :]
+
+    def _forward_cached(self, cache: Any, **inputs: Any) -> Any:
+        """The model's forward on `inputs` after the key/value cache `cache`."""
+        return self.model(**inputs, **{self.cache_keyword: cache})
+
+    @torch.inference_mode()
+    def loglikelihood(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> np.ndarray:
+        out = np.zeros(len(requests), dtype=np.float64)
+        if self.scorer == "naive":
+            self._score_naive(requests, out, progress, temperature)
+        else:
+            self._score_cached(requests, out, progress, temperature)
+        return out
+
+    def _score_batches(
+        self,
+        members: Sequence[int],
+        lengths: Sequence[int],
+        score: Callable[[list[int]], int],
+        progress: Progress,
+    ) -> None:
+        """Score `members` in length-packed batches; `score` writes the values of a batch and
+        says how many requests they answered. On a CUDA out-of-memory error the batch is split
+        in two and retried, and later batches use the halved token budget."""
+        pending = [
+            [members[p] for p in batch] for batch in length_batches(lengths, self.batch_tokens)
+        ]
+        while pending:
+            batch = pending.pop(0)
+            try:
+                done = score(batch)
+            except torch.OutOfMemoryError:
+                if len(batch) == 1:
+                    raise CollapsecheckError(
+                        "out of memory scoring a single sequence: lower --max-new-tokens or "
+                        "use a device with more memory"
+                    ) from None
+                if self.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+                self.batch_tokens = max(1, self.batch_tokens // 2)
+                half = len(batch) // 2
+                pending[:0] = [batch[:half], batch[half:]]
+                continue
+            progress(done)
+
+    def _score_naive(
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        temperature: float,
+    ) -> None:  # fmt: skip
+        def score(batch: list[int]) -> int:
+            rows = [requests[i].context + requests[i].continuation for i in batch]
+            ids = _right_pad(rows, self.pad_id, self.device)
+            attention = _positions_mask([0] * len(rows), [len(r) for r in rows], ids.shape[1])
+            logits = self.model(input_ids=ids, attention_mask=attention.to(self.device)).logits
+            # logits[:, t] predicts ids[:, t + 1]
+            starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
+            ends = [len(r) - 1 for r in rows]
+            mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
+            logprobs = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
+            out[batch] = masked_sums(logprobs, mask)
+            return len(batch)
+
+        lengths = [len(r.context) + len(r.continuation) for r in requests]
+        self._score_batches(range(len(requests)), lengths, score, progress)
+
+    def _prefill_contexts(
+        self, contexts: Sequence[tuple[int, ...]]
+    ) -> Iterator[tuple[tuple[int, ...], Any, torch.Tensor]]:
+        """Each context's key/value cache and next-token logits. The prefix that all contexts
+        share (a system prompt, say) is computed once and extended for each."""
+        shared = common_prefix_length(contexts)
+        if len(contexts) < 2 or shared == 0:
+            for context in contexts:
+                yield context, *self._prefill(context)
+            return
+        base, _ = self._prefill(contexts[0][:shared])
+        for context in contexts:
+            cache = copy.deepcopy(base)
+            rest = torch.tensor([list(context[shared:])], dtype=torch.long, device=self.device)
+            out = self._forward_cached(cache, input_ids=rest, use_cache=True, logits_to_keep=1)
+            yield context, returned_cache(out), out.logits[:, -1, :]
+
+    def _score_cached(
+        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        temperature: float,
+    ) -> None:  # fmt: skip
+        """Each distinct context is run once; each distinct stem once on top of it (batched by
+        length), carrying on into its most common branch, with every other branch (an action
+        after a reasoning, say) appended to the same row."""
+        by_context: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            by_context[request.context].append(index)
+        for context, cache, first_logits in self._prefill_contexts(list(by_context)):
+            stems: dict[tuple[int, ...], list[int]] = defaultdict(list)
+            for index in by_context[context]:
+                request = requests[index]
+                stems[request.continuation[: request.stem_length]].append(index)
+            sequences = [StemRow.of(stem, requests, members) for stem, members in stems.items()]
+            group = _StemGroup(
+                cache, first_logits, sequences, out, self.position_offset(context), temperature
+            )
+            score = functools.partial(self._score_stems, group)
+            widths = [len(sequence.ids) for sequence in sequences]
+            self._score_batches(range(len(sequences)), widths, score, progress)
+
+    def _score_stems(self, group: _StemGroup, batch: Sequence[int]) -> int:
+        """Run the sequences `group.sequences[batch]` (each stem carried on into its common
+        branch, its other branches appended) on the context's key/value cache in one forward
+        pass, and write the value of every request they hold."""
+        layout = RowLayout.of([group.sequences[b] for b in batch], self.device)
+        context_length = group.cache.get_seq_length()
+        one_row = torch.zeros(len(batch), dtype=torch.long, device=self.device)
+        cache = _select_rows(group.cache, one_row)  # the context's one row, once per stem
+        positions = context_length + group.offset + layout.positions
+        if layout.branched:
+            dtype = next(self.model.parameters()).dtype
+            allowed = layout.allowed(context_length)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+            logits = self._forward_cached(
+                cache, input_ids=layout.ids, attention_mask=mask, position_ids=positions,
+                use_cache=True,
+            ).logits  # fmt: skip
+        elif group.offset:  # plain rows after images: their positions said
+            logits = self._forward_cached(
+                cache, input_ids=layout.ids, position_ids=positions, use_cache=True
+            ).logits
+        else:  # plain rows: causal on the context, right padding after every real token
+            logits = self._forward_cached(cache, input_ids=layout.ids, use_cache=True).logits
+        logprobs = predicted_logprobs(
+            logits, group.first_logits, layout.predictor, layout.targets, group.temperature
+        )
+        totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
+        spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
+        values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]
+        group.out[layout.requests] = values.numpy()
+        return len(layout.requests)

@@ -214,3 +214,45 @@ def test_branches_ride_in_their_stems_pass_and_are_exact(random_checkpoint):
     # that branch reads it. The one-token stem's row: its token and the action it carries on
     # into, less its last (3 - 1)
     assert shapes == [(1, 6), (1, 24), (1, 2), (1, 11), (1, 24), (1, 2)]
+
+
+def cut_reasoning_requests():
+    """SPEC "Early answering": under each context, a trace's whole reasoning (its X->Z
+    request and its action after it) and its action after the reasoning cut at every
+    length, 0 included, each naming the whole reasoning as its host."""
+    rng = np.random.default_rng(3)
+
+    def ids(n):
+        return tuple(rng.integers(5, 50, size=n).tolist())
+
+    requests = []
+    for context in (ids(5), ids(8)):
+        pre, reasoning, mid, action = ids(2), ids(9), (3, 4), ids(3)
+        stem = pre + reasoning
+        requests.append(ScoreRequest(context, stem, len(pre)))
+        requests.append(ScoreRequest(context, stem + mid + action, len(stem) + 2, len(stem)))
+        for cut in range(len(reasoning)):
+            early = pre + reasoning[:cut]
+            continuation = early + mid + action
+            requests.append(
+                ScoreRequest(context, continuation, len(early) + 2, len(early), host=stem)
+            )
+    return requests
+
+
+def test_reasoning_cut_short_branches_from_the_whole_reasonings_pass(random_checkpoint):
+    """An action after a cut reasoning leaves the whole reasoning's row where the cut is:
+    no pass of its own, and each value equals a plain forward pass of the cut context."""
+    requests = cut_reasoning_requests()
+    backend = TransformersBackend.from_checkpoint(
+        random_checkpoint, LoadSettings(device="cpu", dtype="float32", batch_tokens=4096)
+    )
+    shapes, handle = record_batch_shapes(backend.model)
+    scores = backend.loglikelihood(requests, no_progress)
+    handle.remove()
+    expected = np.array([reference(backend.model, r) for r in requests])
+    assert np.abs(scores - expected).max() < TOLERANCE
+    # beside the contexts' prefills (at most 8 tokens), one pass per context: the row (pre +
+    # reasoning + mid + action less its last token, 15) and nine branches of mid + action
+    # less their last token (4 each)
+    assert [shape for shape in shapes if shape[1] > 8] == [(1, 15 + 9 * 4)] * 2

@@ -60,17 +60,27 @@ class ScoreRequest:
     Keeping the shared context (a prompt) apart from the per-request part lets a backend
     compute each distinct context once. `stem`, when set, says that `continuation[:stem]` is
     shared with other requests of the same context (a reasoning trace whose actions follow):
-    a backend may run it once and branch from it. It never changes the value.
+    a backend may run it once and branch from it. `host`, when set, is a longer stem of other
+    requests of the same context that `continuation[:stem]` begins (a reasoning cut short is
+    the start of the whole reasoning): a backend may branch from that one's pass instead.
+    Neither ever changes the value.
     """
 
     context: tuple[int, ...]
     continuation: tuple[int, ...]
     scored_from: int = 0
     stem: int | None = None
+    host: tuple[int, ...] | None = None
 
     @property
     def stem_length(self) -> int:
         return len(self.continuation) if self.stem is None else self.stem
+
+    @property
+    def stem_row(self) -> tuple[int, ...]:
+        """The tokens a backend may run once for this request and others: `host`, or the
+        request's own stem."""
+        return self.host if self.host is not None else self.continuation[: self.stem_length]
 
 
 class Backend(Protocol):

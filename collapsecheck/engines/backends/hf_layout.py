@@ -18,14 +18,17 @@ import torch
 from collapsecheck.engines.backends.base import ScoreRequest
 
 
-def common_branch(tails: dict[tuple[tuple[int, ...], int], list[int]]) -> tuple[int, ...]:
-    """Of the tokens after a stem (with where their scoring starts, and the requests that
-    ask for them), those that most requests continue with (none if none does): the stem's
-    own pass runs them, so those requests need no branch of their own."""
+def common_branch(
+    stem: tuple[int, ...], asked: dict[tuple[tuple[int, ...], int], list[int]]
+) -> tuple[int, ...]:
+    """Of the tokens after `stem` that requests continuing it ask for (keyed by continuation
+    and where its scoring starts, with the requests that ask), those that most requests
+    continue with (none if none does): the stem's own pass runs them, so those requests need
+    no branch of their own."""
     counts: Counter[tuple[int, ...]] = Counter()
-    for (tail, _), indices in tails.items():
-        if tail:
-            counts[tail] += len(indices)
+    for (continuation, _), indices in asked.items():
+        if len(continuation) > len(stem) and continuation[: len(stem)] == stem:
+            counts[continuation[len(stem) :]] += len(indices)
     return max(counts, key=counts.__getitem__) if counts else ()
 
 
@@ -39,14 +42,24 @@ def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
     return shared
 
 
+def leaves_row_at(continuation: tuple[int, ...], row: tuple[int, ...], stem: int) -> int:
+    """How many tokens `continuation` shares with `row` from the start (`row[:stem]`, the
+    stem, compared at once: most continuations begin with it)."""
+    if continuation[:stem] == row[:stem]:
+        return stem + shared_length(continuation[stem:], row[stem:])
+    return shared_length(continuation, row)
+
+
 @dataclass(frozen=True)
 class StemRow:
-    """One stem row, its distinct other branches appended, as one sequence. Its tokens are
-    its targets: for each, the token whose logits predict it (`predictor`, an index into the
-    inputs; -1: the context's last). Its inputs are the tokens whose logits something reads
-    (a branch's last token, and the row's when no branch leaves after it, are scored but
-    never run): for each its id, branch (-1: the row), offset in that branch, position and
-    how many row tokens it sees. For each request it answers, the span of its targets."""
+    """One stem row, its distinct other branches appended, as one sequence. A branch is any
+    request of the row's context whose continuation leaves the row, wherever it leaves it.
+    The sequence's tokens are its targets: for each, the token whose logits predict it
+    (`predictor`, an index into the inputs; -1: the context's last). Its inputs are the
+    tokens whose logits something reads (a branch's last token, and the row's when no branch
+    leaves after it, are scored but never run): for each its id, branch (-1: the row),
+    offset in that branch, position and how many row tokens it sees. For each request it
+    answers, the span of its targets."""
 
     ids: list[int]
     branch: list[int]
@@ -62,27 +75,28 @@ class StemRow:
     def of(
         cls, stem: tuple[int, ...], requests: Sequence[ScoreRequest], members: Sequence[int]
     ) -> StemRow:
-        tails: dict[tuple[tuple[int, ...], int], list[int]] = defaultdict(list)
+        asked: dict[tuple[tuple[int, ...], int], list[int]] = defaultdict(list)
         for index in members:  # requests asking for the same tokens are laid out once
             request = requests[index]
-            tails[(request.continuation[len(stem) :], request.scored_from)].append(index)
-        carried = common_branch(tails)
-        row = stem + carried
+            asked[(request.continuation, request.scored_from)].append(index)
+        row = stem + common_branch(stem, asked)
         width = len(row)
         ids, branch, offset = list(row), [-1] * width, list(range(width))
         position, row_seen = list(range(width)), list(range(1, width + 1))
         predictor = list(range(-1, width - 1))
         starts: dict[tuple[int, tuple[int, ...]], int] = {}
         order, spans = [], []
-        for (tail, scored_from), indices in tails.items():
+        for (continuation, scored_from), indices in asked.items():
             order += indices
-            if tail == carried[: len(tail)]:  # inside the row
-                spans += [(scored_from, len(stem) + len(tail))] * len(indices)
+            shared = leaves_row_at(continuation, row, len(stem))
+            if shared == len(continuation):  # inside the row
+                spans += [(scored_from, shared)] * len(indices)
                 continue
             # the branch leaves the row after the tokens it shares with it (the mid before
-            # an action, say), but no later than where its scored tokens begin
-            at = min(len(stem) + shared_length(tail, carried), scored_from)
-            own = (stem + tail)[at:]
+            # an action, or the reasoning before its cut), but no later than where its
+            # scored tokens begin
+            at = min(shared, scored_from)
+            own = continuation[at:]
             if (at, own) not in starts:
                 start = starts[(at, own)] = len(ids)
                 ids += own

@@ -270,8 +270,7 @@ class TransformersScoring:
         for context, cache, first_logits in self._prefill_contexts(list(by_context)):
             stems: dict[tuple[int, ...], list[int]] = defaultdict(list)
             for index in by_context[context]:
-                request = requests[index]
-                stems[request.continuation[: request.stem_length]].append(index)
+                stems[requests[index].stem_row].append(index)
             sequences = [StemRow.of(stem, requests, members) for stem, members in stems.items()]
             group = _StemGroup(
                 cache, first_logits, sequences, out, self.position_offset(context), temperature

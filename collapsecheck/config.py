@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.measures.early_answer import POST_HOC
 from collapsecheck.measures.flow import ACTION_COLLAPSE, DECORATIVE, MIXED, FlowThresholds
 from collapsecheck.measures.verdict import COLLAPSES, REGIMES, Thresholds
 from collapsecheck.settings import setting
@@ -29,7 +30,7 @@ CONFIG_FILE = "collapsecheck.toml"
 THRESHOLD_KEYS = ("dependence_high", "dependence_collapsed", "entropy_low")
 FLOW_THRESHOLD_KEYS = tuple(f.name for f in fields(FlowThresholds))
 KNOWN_KEYS = {*THRESHOLD_KEYS, *FLOW_THRESHOLD_KEYS, "fail_on", "max_drop", "min"}
-FAIL_REGIMES = (*REGIMES, DECORATIVE, ACTION_COLLAPSE, MIXED)
+FAIL_REGIMES = (*REGIMES, DECORATIVE, ACTION_COLLAPSE, MIXED, POST_HOC)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,10 @@ class GateSettings:
     flow_decorative_input: float | None = setting(
         None, "...and at or above this action_input_share (default 0.5).", numbers=False
     )
+    early_post_hoc: float | None = setting(
+        None, "Post hoc at or above this early_answer_without_reasoning (default 0.8).",
+        numbers=False,
+    )  # fmt: skip
     config: Path | None = setting(
         None, "Gate settings file (default: ./collapsecheck.toml or ./pyproject.toml).",
         numbers=False,

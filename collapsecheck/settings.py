@@ -180,6 +180,27 @@ def swap_count(negatives: int | None) -> int | None:
     return None if negatives is None else SWAPS_PER_NEGATIVE * negatives
 
 
+def _fractions(value: tuple[float, ...] | str) -> tuple[float, ...]:
+    """--early-answer-fractions: numbers in [0, 1], given as a list or comma-separated text,
+    0 and 1 among them (the curve runs from no reasoning to all of it); sorted, each once."""
+    flag = "--early-answer-fractions"
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        numbers = sorted({float(item) for item in items})
+    except (TypeError, ValueError):
+        raise CollapsecheckError(f"{flag}: expected numbers in [0, 1], got {value!r}") from None
+    _require(
+        all(0 <= x <= 1 for x in numbers),
+        f"{flag}: every fraction must be in [0, 1], got {value!r}",
+    )
+    _require(
+        {0.0, 1.0} <= set(numbers),
+        f"{flag} must include 0 and 1 (the curve runs from no reasoning to all of it), "
+        f"got {value!r}",
+    )
+    return tuple(numbers)
+
+
 def _word_or_count(value: int | str, name: str, words: tuple[str, ...] = (AUTO,)) -> int | str:
     """One of `words`, or a count of at least 1 (given as a number or its text)."""
     if value in words:
@@ -284,6 +305,14 @@ class ScoringSettings:
     no_flow: bool = setting(
         False, "Skip the information flow (input -> reasoning -> action).", numbers=True
     )
+    no_early_answer: bool = setting(
+        False, "Skip early answering (each action scored after its reasoning cut short).",
+        numbers=True,
+    )  # fmt: skip
+    early_answer_fractions: tuple[float, ...] | str = setting(
+        "0,0.25,0.5,0.75,1", "Fractions of the reasoning after which the action is forced, "
+        "comma-separated, 0 and 1 among them.", numbers=True, cli_type=str,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for names in (
@@ -295,6 +324,12 @@ class ScoringSettings:
         object.__setattr__(
             self, "negatives", _word_or_count(self.negatives, "negatives", (AUTO, ALL))
         )
+        object.__setattr__(self, "early_answer_fractions", _fractions(self.early_answer_fractions))
+
+    @property
+    def early_fractions(self) -> tuple[float, ...]:
+        """The fractions of SPEC "Early answering"; none with --no-early-answer or --no-flow."""
+        return () if self.no_early_answer or self.no_flow else self.early_answer_fractions  # type: ignore[return-value]
 
     @property
     def negatives_bound(self) -> int | None:

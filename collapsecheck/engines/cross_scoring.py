@@ -18,6 +18,7 @@ from collapsecheck.engines.backends.base import Backend, ScoreRequest
 from collapsecheck.engines.reasoning import Trace
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import with_images_of
+from collapsecheck.measures.early_answer import EarlyLogProbs, cut_length
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs
 from collapsecheck.progress import ProgressHook
@@ -26,11 +27,14 @@ from collapsecheck.settings import swap_count
 
 @dataclass(frozen=True)
 class FlowScores:
-    """The action matrices plus, per row, which trace it is and how many tokens A has."""
+    """The action matrices plus, per row, which trace it is and how many tokens A has; with
+    early answering, E of SPEC "Early answering" (rows as the matrices', one column per
+    fraction)."""
 
     logprobs: FlowLogProbs
     row_trace_index: np.ndarray
     action_tokens: np.ndarray
+    early: EarlyLogProbs | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,27 @@ def plan_flow(
                 plan.add(request(row, s, own_group[s]), "natural", row, s)
 
 
+def plan_early(plan: Plan, acting: Sequence[Trace], prompt_ids: Sequence[Sequence[int]],
+               fractions: Sequence[float]) -> None:  # fmt: skip
+    """SPEC "Early answering": A_r after its own prompt, pre_r, Z_r cut at each fraction, and
+    mid_r. The whole reasoning's X->Z request runs pre_r + Z_r under that prompt; each cut
+    names it as its host, so a backend can branch from that pass where the cut is. A cut that
+    keeps all of Z_r is `action_natural[r, r]`, filled in after."""
+    for row, trace in enumerate(acting):
+        whole = trace.prefix_ids + trace.reasoning_ids
+        context = tuple(prompt_ids[trace.prompt_index])
+        for column, fraction in enumerate(fractions):
+            kept = cut_length(fraction, len(trace.reasoning_ids))
+            if kept == len(trace.reasoning_ids):
+                continue
+            cut = trace.prefix_ids + trace.reasoning_ids[:kept]
+            continuation = cut + trace.mid_ids + trace.action_ids
+            request = ScoreRequest(
+                context, continuation, len(cut) + len(trace.mid_ids), len(cut), host=whole
+            )
+            plan.add(request, "early", row, column)
+
+
 def plan_image_swaps(
     plan: Plan, valid: Sequence[Trace], prompt_ids: Sequence[Sequence[int]], own: np.ndarray,
     scored_under: dict[int, np.ndarray],
@@ -187,13 +212,15 @@ def cross_score(
     flow: bool = False,
     image_swap: bool = False,
     temperature: float = 1.0,
+    early_fractions: Sequence[float] = (),
 ) -> CrossScores:
     """Score the valid traces under every prompt, or under their own and `negatives` sampled
     others; with `flow`, the action matrices of the flow-valid traces too (`swap_count`
     swapped traces per action beside its own prompt's), in the same call. The prompts are
     distinct contexts (`runs.preparation.prepare` merges identical ones); entries not scored
     are NaN and marked in the matrix's `scored` mask. `temperature`: the one the traces were
-    sampled at, the distribution every log-probability is read from."""
+    sampled at, the distribution every log-probability is read from. `early_fractions`
+    (with `flow`): the fractions of SPEC "Early answering", none to skip it."""
     if negatives is not None and negatives < 1:
         raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
     if len({tuple(ids) for ids in prompt_ids}) < len(prompt_ids):
@@ -210,6 +237,7 @@ def cross_score(
     acting_own = np.array([t.prompt_index for t in acting], dtype=np.int64)
     swaps = chosen_swaps(acting_own, scored_under, swap_count(negatives), seed)
     plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
+    plan_early(plan, acting, prompt_ids, early_fractions)
     if image_swap:
         plan_image_swaps(plan, valid, prompt_ids, own, scored_under)
     values = backend.loglikelihood(
@@ -226,7 +254,11 @@ def cross_score(
         scored=np.isfinite(total),
     )
     responses = np.bincount([t.prompt_index for t in traces], minlength=n)
-    flow_scores = flow_matrices(plan, values, acting, n, flow_rows, responses) if flow else None
+    flow_scores = (
+        flow_matrices(plan, values, acting, n, flow_rows, responses, tuple(early_fractions))
+        if flow
+        else None
+    )
     scored_tokens = sum(len(r.continuation) - r.scored_from for r in plan.requests)
     swapped = plan.fill(values, "image", (len(valid), n)) if image_swap else None
     return CrossScores(
@@ -241,8 +273,10 @@ def flow_matrices(
     num_prompts: int,
     rows: Sequence[int],
     responses: np.ndarray,
+    early_fractions: tuple[float, ...] = (),
 ) -> FlowScores:
-    """The three action matrices of the flow-valid traces (SPEC "Information flow")."""
+    """The three action matrices of the flow-valid traces (SPEC "Information flow") and,
+    with `early_fractions`, E of SPEC "Early answering"."""
     m = len(acting)
     prompts = np.array([t.prompt_index for t in acting], dtype=np.int64)
     reasoning = plan.fill(values, "reasoning", (m, m))
@@ -257,4 +291,10 @@ def flow_matrices(
         responses_per_prompt=responses.astype(float),
     )
     tokens = np.array([len(t.action_ids) for t in acting], dtype=np.int64)
-    return FlowScores(logprobs, np.array(rows, dtype=np.int64), tokens)
+    early = None
+    if early_fractions:
+        values_early = plan.fill(values, "early", (m, len(early_fractions)))
+        whole = np.isnan(values_early)  # cuts that keep all of Z: action_natural[r, r]
+        values_early[whole] = np.broadcast_to(np.diag(reasoning)[:, None], whole.shape)[whole]
+        early = EarlyLogProbs(values_early, early_fractions, prompts, num_prompts)
+    return FlowScores(logprobs, np.array(rows, dtype=np.int64), tokens, early)

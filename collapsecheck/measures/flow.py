@@ -240,6 +240,8 @@ class FlowThresholds:
     flow_faithful: float = 0.5  # action_reasoning_share at least this: faithful
     flow_decorative_reasoning: float = 0.2  # action_reasoning_share at most this, and
     flow_decorative_input: float = 0.5  # action_input_share at least this: decorative
+    # SPEC "Early answering": post hoc at or above this early_answer_without_reasoning
+    early_post_hoc: float = 0.8
 
 
 @dataclass(frozen=True)

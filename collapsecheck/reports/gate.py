@@ -39,7 +39,8 @@ def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
     """The regime rule, then one rule per metric minimum."""
     listed = ", ".join(sorted(gate.fail_on)) or "none"
     results = []
-    for name, verdict in (("regime", report.verdict), ("flow", report.flow)):
+    verdicts = (("regime", report.verdict), ("flow", report.flow))
+    for name, verdict in (*verdicts, ("early answer", report.early_answer)):
         regime = verdict.regime
         failed = regime in gate.fail_on
         undecided = name == "regime" and regime == INCONCLUSIVE and not failed
@@ -47,7 +48,7 @@ def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
             RuleResult(
                 name,
                 not failed,
-                f"{'flow ' if name == 'flow' else ''}verdict {regime} "
+                f"{'' if name == 'regime' else name + ' '}verdict {regime} "
                 f"{'is' if failed else 'is not'} in --fail-on ({listed}): {verdict.reason}"
                 + (UNDECIDED if undecided else ""),
                 undecided,

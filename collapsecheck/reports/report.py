@@ -9,12 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.measures.early_answer import EarlyAnswer
 from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, FlowVerdict
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.verdict import Thresholds, Verdict
 
 REPORT_FORMAT = 1
 NO_FLOW = {"regime": NOT_MEASURED, "reason": "a report written before the flow was measured"}
+NO_EARLY_ANSWER_DICT = {
+    "regime": NOT_MEASURED,
+    "reason": "a report written before early answering was measured",
+}
+NO_EARLY_ANSWER = (NO_EARLY_ANSWER_DICT["regime"], NO_EARLY_ANSWER_DICT["reason"])
 
 # The metrics shown in the terminal and in `Report.summary()`, in reading order.
 KEY_METRICS = (
@@ -99,6 +105,8 @@ class Report:
     settings: dict[str, Any]
     counts: dict[str, int | float]
     flow_thresholds: FlowThresholds = field(default_factory=FlowThresholds)
+    # SPEC "Early answering": the curve and its regime (summaries in `metrics`)
+    early_answer: EarlyAnswer = field(default_factory=lambda: EarlyAnswer(*NO_EARLY_ANSWER))
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
     # what a reader of the numbers must know (sampling other than the policy's own, say)
@@ -136,6 +144,12 @@ class Report:
         values["kind_uncertain"] = float(self.verdict.kind_uncertain)
         if self.flow.regime != NOT_MEASURED:
             values["flow_faithful"] = float(self.flow.regime == "faithful")
+        if self.early_answer.regime != NOT_MEASURED:
+            values["early_answer_post_hoc"] = float(self.early_answer.regime == "post_hoc")
+            for fraction, agreement in zip(
+                self.early_answer.fractions, self.early_answer.agreement, strict=True
+            ):
+                values[f"early_answer_agreement/{fraction:g}"] = agreement.value
         return {f"{prefix}{k}": float(v) for k, v in values.items() if not math.isnan(v)}
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +157,7 @@ class Report:
             "format": REPORT_FORMAT,
             "verdict": self.verdict.to_dict(),
             "flow": self.flow.to_dict(),
+            "early_answer": self.early_answer.to_dict(),
             "metrics": {k: metric_to_json(v) for k, v in self.metrics.items()},
             "thresholds": {**vars(self.thresholds), **vars(self.flow_thresholds)},
             "counts": self.counts,
@@ -193,6 +208,7 @@ class Report:
                 bool(verdict.get("kind_uncertain", False)),
             ),
             flow=FlowVerdict(**data.get("flow") or NO_FLOW),
+            early_answer=EarlyAnswer.from_dict(data.get("early_answer") or NO_EARLY_ANSWER_DICT),
             thresholds=Thresholds(**_fields_of(Thresholds, data.get("thresholds", {}))),
             flow_thresholds=FlowThresholds(
                 **_fields_of(FlowThresholds, data.get("thresholds", {}))

@@ -59,7 +59,13 @@ from collapsecheck.runs.loading import (
     resolve,
     vision_of,
 )
-from collapsecheck.runs.measuring import measure, measure_flow, prompt_counts, score_traces
+from collapsecheck.runs.measuring import (
+    measure,
+    measure_early,
+    measure_flow,
+    prompt_counts,
+    score_traces,
+)
 from collapsecheck.runs.preparation import (
     Prepared,
     prepare,
@@ -154,6 +160,10 @@ def diagnose(
     metrics = measure(scores, counts, settings.analysis, checkpoint, prepared.input_rows)
     flow_metrics, not_measured = measure_flow(scores, settings.analysis, settings.scoring.no_flow)
     metrics.update(flow_metrics)
+    early, early_metrics = measure_early(
+        scores, settings.analysis, not_measured, diagnosis.flow_thresholds.early_post_hoc
+    )
+    metrics.update(early_metrics)
     measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None
     why = explain(
         scores, traces, prepared, counts, measured_flow, rewards, settings, diagnosis.reward_source
@@ -162,6 +172,7 @@ def diagnose(
         metrics=metrics,
         verdict=decide(metrics, diagnosis.thresholds),
         flow=decide_flow(metrics, diagnosis.flow_thresholds, not_measured),
+        early_answer=early,
         thresholds=diagnosis.thresholds,
         flow_thresholds=diagnosis.flow_thresholds,
         settings={

@@ -16,6 +16,8 @@ from collapsecheck.engines.reasoning import (
 )
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import swap_reason
+from collapsecheck.measures.early_answer import EarlyAnswer, compute_early_answer
+from collapsecheck.measures.early_answer import not_measured as early_not_measured
 from collapsecheck.measures.flow import (
     FLOW_KEYS,
     compute_flow_metrics,
@@ -23,6 +25,7 @@ from collapsecheck.measures.flow import (
 )
 from collapsecheck.measures.image_share import image_share_metrics
 from collapsecheck.measures.metrics import (
+    MetricValue,
     PromptCounts,
     compute_metrics,
     count_per_prompt,
@@ -62,6 +65,7 @@ def score_traces(
         flow=action_spec(settings.scoring) is not None,
         image_swap=swap_reason(prepared.ids) is None,
         temperature=temperature,
+        early_fractions=settings.scoring.early_fractions,
     )
 
 
@@ -74,6 +78,21 @@ def measure_flow(
     if reason is not None:
         return {key: math.nan for key in FLOW_KEYS}, reason
     return compute_flow_metrics(flow, resamples=analysis.bootstrap, seed=analysis.seed), None
+
+
+def measure_early(
+    scores: CrossScores, analysis: AnalysisSettings, flow_reason: str | None, post_hoc: float
+) -> tuple[EarlyAnswer, dict[str, MetricValue]]:
+    """SPEC "Early answering": the curve, its regime (`post_hoc`: the threshold) and its
+    summaries; not measured where the flow is not, or with --no-early-answer."""
+    early = scores.flow.early if scores.flow is not None else None
+    if flow_reason is not None:
+        return early_not_measured(flow_reason)
+    if early is None:
+        return early_not_measured("--no-early-answer")
+    return compute_early_answer(
+        early, resamples=analysis.bootstrap, seed=analysis.seed, post_hoc=post_hoc
+    )
 
 
 def prompt_counts(traces: Sequence[Trace], num_prompts: int) -> PromptCounts:

@@ -156,6 +156,7 @@ def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds
     report.flow_thresholds = verdicts.flow
     if report.flow.regime != NOT_MEASURED:
         report.flow = decide_flow(report.metrics, report.flow_thresholds)
+    report.early_answer = report.early_answer.decided(report.metrics, verdicts.flow.early_post_hoc)
     report.settings["checkpoint"] = str(checkpoint.path)
     report.timing = {**report.timing, "cached": True}
     return report

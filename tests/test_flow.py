@@ -119,7 +119,7 @@ def test_the_dump_holds_the_action_matrices_and_trace_fields(dumped):
     report, dump = dumped
     with np.load(dump / "action_logprobs.npz") as npz:
         assert set(npz.files) == {"input", "reasoning", "natural", "row_trace_index",
-                                  "action_tokens"}  # fmt: skip
+                                  "action_tokens", "early", "early_fractions"}  # fmt: skip
         m = len(npz["row_trace_index"])
         assert npz["input"].shape == (m, 6) and npz["natural"].shape == (m, m)
         swapped, rows = np.isfinite(npz["reasoning"]), npz["row_trace_index"]

@@ -46,7 +46,8 @@ def test_gate_on_a_run_uses_its_latest_checkpoint(tmp_path):
     assert result.exit_code == 1
     assert "gate failed (rule: regime): verdict template_collapse is in --fail-on" in result.output
     suite = ET.parse(tmp_path / "gate.xml").getroot().find("testsuite")
-    assert (suite.get("tests"), suite.get("failures")) == ("2", "1")  # the regime, the flow
+    # the regime, the flow, early answering
+    assert (suite.get("tests"), suite.get("failures")) == ("3", "1")
     assert suite.find("testcase").find("failure") is not None
 
 
@@ -61,7 +62,8 @@ def test_minimum_rules_and_junit(tmp_path):
     suite = ET.parse(tmp_path / "gate.xml").getroot().find("testsuite")
     cases = {c.get("name"): c.find("failure") is None for c in suite.iter("testcase")}
     assert cases == {
-        "regime": True, "flow": True, "min normalized_mi": True, "min retrieval_skill": False,
+        "regime": True, "flow": True, "early answer": True, "min normalized_mi": True,
+        "min retrieval_skill": False,
     }  # fmt: skip
     summary = (tmp_path / "summary.md").read_text()
     assert "### Gate: failed" in summary and "| min retrieval_skill | **FAIL** |" in summary

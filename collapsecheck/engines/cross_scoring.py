@@ -155,6 +155,19 @@ def plan_flow(
                 plan.add(request(row, s, own_group[s]), "natural", row, s)
 
 
+def plan_actions(
+    plan: Plan, acting: Sequence[Trace], prompt_ids: Sequence[Sequence[int]],
+    scored_under: dict[int, np.ndarray], negatives: int | None, seed: int,
+    early_fractions: Sequence[float],
+) -> None:  # fmt: skip
+    """The flow's requests (SPEC "Information flow") and early answering's ("Early
+    answering") for the flow-valid traces `acting`."""
+    own = np.array([t.prompt_index for t in acting], dtype=np.int64)
+    swaps = chosen_swaps(own, scored_under, swap_count(negatives), seed)
+    plan_flow(plan, acting, prompt_ids, own, scored_under, swaps)
+    plan_early(plan, acting, prompt_ids, early_fractions)
+
+
 def plan_early(plan: Plan, acting: Sequence[Trace], prompt_ids: Sequence[Sequence[int]],
                fractions: Sequence[float]) -> None:  # fmt: skip
     """SPEC "Early answering": A_r after its own prompt, pre_r, Z_r cut at each fraction, and
@@ -234,10 +247,7 @@ def cross_score(
     plan_reasoning(plan, valid, prompt_ids, own, scored_under)
     flow_rows = [i for i, t in enumerate(traces) if t.flow_valid] if flow else []
     acting = [traces[i] for i in flow_rows]
-    acting_own = np.array([t.prompt_index for t in acting], dtype=np.int64)
-    swaps = chosen_swaps(acting_own, scored_under, swap_count(negatives), seed)
-    plan_flow(plan, acting, prompt_ids, acting_own, scored_under, swaps)
-    plan_early(plan, acting, prompt_ids, early_fractions)
+    plan_actions(plan, acting, prompt_ids, scored_under, negatives, seed, early_fractions)
     if image_swap:
         plan_image_swaps(plan, valid, prompt_ids, own, scored_under)
     values = backend.loglikelihood(

@@ -84,6 +84,13 @@ class EarlyAnswer:
             estimates(data.get("relative", ())),
         )
 
+    def short(self, metrics: Mapping[str, MetricValue]) -> str:
+        """The regime and where the action is decided, for a table cell or a step's line."""
+        if self.regime == NOT_MEASURED:
+            return "not measured"
+        at = point_value(metrics["early_answer_decided_at"])
+        return f"{self.regime.replace('_', ' ')} (decided at {_percent(at)} of the reasoning)"
+
     def decided(self, metrics: Mapping[str, MetricValue], post_hoc: float) -> EarlyAnswer:
         """The same curve with its regime decided again (other thresholds)."""
         if self.regime == NOT_MEASURED:
@@ -185,3 +192,34 @@ def decide_early_answer(
     if at == 0:
         return REASONING_DECIDES, f"{numbers}: the reasoning decides the action in part"
     return REASONING_DECIDES, f"{numbers}: the reasoning decides the action, {_fraction_words(at)}"
+
+
+def agreement_key(fraction: float) -> str:
+    """The name of one point of the curve where numbers are flat (scalars, compare)."""
+    return f"early_answer_agreement/{fraction:g}"
+
+
+def _flat(curves: Mapping[str, np.ndarray], fractions: Sequence[float]) -> dict[str, np.ndarray]:
+    flat = {key: curves[key] for key in EARLY_KEYS}
+    flat.update((agreement_key(f), curves["agreement"][:, c]) for c, f in enumerate(fractions))
+    return flat
+
+
+def paired_early_differences(
+    first: EarlyLogProbs, second: EarlyLogProbs, *, resamples: int = 1000, seed: int = 0
+) -> dict[str, Estimate]:
+    """second minus first of the summaries and of each point of the curve, each resample
+    drawing the same prompts for both (as `metrics.paired_differences`)."""
+    n = first.num_prompts
+    if second.num_prompts != n or second.fractions != first.fractions:
+        raise ValueError("the scans cover other prompts or other early-answer fractions")
+    ones, weights = np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)
+    point = [_flat(_curves(e, ones), e.fractions) for e in (first, second)]
+    boot = [_flat(_curves(e, weights), e.fractions) for e in (first, second)]
+    return {
+        key: Estimate(
+            float(point[1][key][0] - point[0][key][0]),
+            *finite_interval(boot[1][key] - boot[0][key]),
+        )
+        for key in point[0]
+    }

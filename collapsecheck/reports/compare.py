@@ -10,6 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.measures.early_answer import (
+    EARLY_KEYS,
+    agreement_key,
+    paired_early_differences,
+)
 from collapsecheck.measures.flow import NOT_MEASURED, paired_flow_differences
 from collapsecheck.measures.image_share import paired_image_share_differences
 from collapsecheck.measures.metrics import (
@@ -24,6 +29,7 @@ from collapsecheck.measures.verdict import DEPENDENCE_KEYS
 from collapsecheck.reports.dump import (
     MATRIX_FILE,
     read_dump,
+    read_early,
     read_flow,
     read_image_swapped,
 )
@@ -149,6 +155,35 @@ def flow_deltas(
     return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in FLOW_COMPARE_KEYS}
 
 
+def early_deltas(
+    a: Report, b: Report, paired: bool, resamples: int, seed: int
+) -> dict[str, Estimate]:
+    """B - A of early answering's summaries and curve where both measured it over the same
+    fractions: paired from the dumps when both hold E, else from the reports' intervals."""
+    first, second = a.early_answer, b.early_answer
+    if NOT_MEASURED in (first.regime, second.regime) or first.fractions != second.fractions:
+        return {}
+    early = (read_early(a.dump_dir), read_early(b.dump_dir)) if paired else (None, None)
+    if early[0] is not None and early[1] is not None:
+        return paired_early_differences(*early, resamples=resamples, seed=seed)
+    deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in EARLY_KEYS}
+    for fraction, x, y in zip(first.fractions, first.agreement, second.agreement, strict=True):
+        deltas[agreement_key(fraction)] = _unpaired_delta(x, y)
+    return deltas
+
+
+def early_change(deltas: dict[str, Estimate]) -> str:
+    """What the compare line says where B's action waits for its reasoning more or less
+    than A's beyond noise (the early-answer AOC's interval excludes 0)."""
+    aoc = deltas.get("early_answer_aoc")
+    if aoc is None or aoc.low <= 0 <= aoc.high:
+        return ""
+    more = "more" if aoc.value > 0 else "less"
+    return f"; B's action waits for its reasoning {more} than A's beyond noise: " + _describe(
+        "early_answer_aoc", aoc
+    )
+
+
 def image_deltas(
     a: Report, b: Report, matrices: tuple[CrossLogProbs, CrossLogProbs] | None,
     resamples: int, seed: int,
@@ -215,6 +250,7 @@ def compare_reports(
     else:
         deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
     deltas.update(flow_deltas(a, b, paired, resamples, seed))
+    deltas.update(early_deltas(a, b, paired, resamples, seed))
     deltas.update(image_deltas(a, b, matrices, resamples, seed))
     deltas.update(snr_deltas(a, b))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
@@ -229,4 +265,5 @@ def compare_reports(
         reason += "; B's reasoning leans less on the image than A's beyond noise: " + _describe(
             "image_share", deltas["image_share"]
         )
+    reason += early_change(deltas)
     return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

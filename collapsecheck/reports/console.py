@@ -144,6 +144,36 @@ def flow_line(report: Report) -> Text:
     return line
 
 
+EARLY_STYLES = {"reasoning_decides": "bold green", "inconclusive": "bold yellow"}
+
+
+def early_answer_line(report: Report) -> Text | None:
+    """When the action is decided (SPEC "Early answering"), in one line under the flow's;
+    None where it was not measured (the flow line says why)."""
+    early = report.early_answer
+    if early.regime == "not_measured":
+        return None
+    line = Text("early answer: ", style="bold")
+    line.append(
+        early.regime.replace("_", " "), style=EARLY_STYLES.get(early.regime, COLLAPSE_STYLE)
+    )
+    kept = " | ".join(f"{100 * f:.0f}" for f in early.fractions)
+    agrees = " | ".join(f"{100 * r.value:.0f}" for r in early.relative)
+    line.append(
+        f" — {early.reason}; forced after {kept}% of the reasoning, it agrees {agrees}% as often"
+    )
+    return line
+
+
+def print_decisions(console: Console, report: Report) -> None:
+    """The verdict, the flow's and early answering's lines."""
+    console.print(verdict_line(report))
+    console.print(flow_line(report))
+    early = early_answer_line(report)
+    if early is not None:
+        console.print(early)
+
+
 NEXT_STEPS = (
     'next: see which prompts collapsed and why in docs/measures.md, "When the verdict is a '
     'collapse"; compare with an earlier checkpoint (collapsecheck compare A B) or scan the '
@@ -245,8 +275,7 @@ def print_report(console: Console, report: Report) -> None:
         )
     print_notes(console, [report.settings.get("checkpoint_note")])
     print_warnings(console, report.warnings)
-    console.print(verdict_line(report))
-    console.print(flow_line(report))
+    print_decisions(console, report)
     print_image_share(console, report)
     print_why(console, report)
     if report.verdict.is_collapse:
@@ -350,7 +379,7 @@ def run_table(run: RunReport) -> Table:
     if rewarded:
         table.add_column("0-var", justify="right", no_wrap=True)
         table.add_column("RV~MI", justify="right", no_wrap=True)
-    for title in ("regime", "flow", "onset"):
+    for title in ("regime", "flow", "early answer", "onset"):
         table.add_column(title, no_wrap=True)
     for index, step in enumerate(run.steps):
         metrics = step.report.metrics
@@ -359,13 +388,15 @@ def run_table(run: RunReport) -> Table:
         label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
         onset = run.onset.kind if run.onset and run.onset.index == index else ""
         flow = step.report.flow.regime.replace("_", " ")
+        early = step.report.early_answer.short(step.report.metrics)
         cells += [_window(step.training_log.get(name)) for name in logged]
         if rewarded:
             cells += snr_cells(step.report)
         pairing = [step.sampled_by.describe()] if step.sampled_by else []
         table.add_row(
-            label, *pairing, *cells, regime_text(step.report), flow, Text(onset, style="bold")
-        )
+            label, *pairing, *cells, regime_text(step.report), flow, early,
+            Text(onset, style="bold"),
+        )  # fmt: skip
     return table
 
 
@@ -399,8 +430,7 @@ def print_run(console: Console, run: RunReport) -> None:
         else f"latest checkpoint ({latest.checkpoint.label})"
     )
     console.print(Text(f"{which}:", style="bold"))
-    console.print(verdict_line(latest.report))
-    console.print(flow_line(latest.report))
+    print_decisions(console, latest.report)
 
 
 def print_comparison(console: Console, comparison: Comparison) -> None:

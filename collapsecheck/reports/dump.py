@@ -22,6 +22,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_atomic, write_jsonl_atomic
 from collapsecheck.inputs.prompts import RenderedPrompt
 from collapsecheck.inputs.scan_dump import IMAGES_DIR, PROMPTS_FILE, TRACES_FILE, read_jsonl
+from collapsecheck.measures.early_answer import EarlyLogProbs
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs, PromptCounts, count_per_prompt
 
@@ -106,7 +107,11 @@ def write_matrix(directory: Path, scores: CrossScores) -> None:
 
 
 def write_flow(directory: Path, flow: FlowScores) -> None:
-    """SPEC's action_logprobs.npz: the three action matrices (NaN where not scored)."""
+    """SPEC's action_logprobs.npz: the three action matrices (NaN where not scored) and,
+    with early answering, `early` (M_A x |F|) and `early_fractions` (F)."""
+    early = {}
+    if flow.early is not None:
+        early = {"early": flow.early.values, "early_fractions": np.array(flow.early.fractions)}
 
     def save(stream: IO[bytes]) -> None:
         np.savez(
@@ -116,6 +121,7 @@ def write_flow(directory: Path, flow: FlowScores) -> None:
             natural=flow.logprobs.natural,
             row_trace_index=flow.row_trace_index,
             action_tokens=flow.action_tokens,
+            **early,
         )
 
     write_atomic(directory / FLOW_FILE, "wb", save)
@@ -168,6 +174,24 @@ def read_flow(directory: str | Path) -> FlowLogProbs | None:
         raise CollapsecheckError(
             f"{directory / FLOW_FILE}: not a complete flow dump ({err})"
         ) from None
+
+
+def read_early(directory: str | Path) -> EarlyLogProbs | None:
+    """SPEC "Early answering"'s E of a dump; None where it has none (not measured)."""
+    flow = read_flow(directory)
+    path = Path(directory) / FLOW_FILE
+    if flow is None:
+        return None
+    with np.load(path) as npz:
+        if "early" not in npz.files:
+            return None
+        values, fractions = npz["early"], npz["early_fractions"]
+    if values.shape != (len(flow.row_prompt), len(fractions)):
+        raise CollapsecheckError(
+            f"{path}: early is {values.shape}, expected ({len(flow.row_prompt)}, {len(fractions)})"
+        )
+    fractions = tuple(float(f) for f in fractions)
+    return EarlyLogProbs(values, fractions, flow.row_prompt, flow.num_prompts)
 
 
 def read_matrix(directory: str | Path) -> tuple[CrossLogProbs, np.ndarray]:

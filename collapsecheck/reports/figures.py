@@ -190,3 +190,27 @@ def picture_uri(image: Any) -> str:
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG", optimize=True)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def early_answer_picture(curves: list[tuple[str, Any]]) -> str:
+    """SPEC "Early answering": per curve (a label, an `EarlyAnswer`), the agreement of an
+    answer forced after each fraction of the reasoning, relative to the whole reasoning's,
+    with its 95% band; one curve for a scan, one per step along a run (darker: later). PNG
+    data URI."""
+    plt = _pyplot()
+    figure, ax = plt.subplots(figsize=(5.5, 3.2))
+    colours = plt.get_cmap("viridis")(np.linspace(0.85, 0.1, max(len(curves), 1)))
+    for (label, early), colour in zip(curves, colours, strict=False):
+        x = 100 * np.array(early.fractions)
+        value = np.array([r.value for r in early.relative])
+        low = np.array([r.low for r in early.relative])
+        high = np.array([r.high for r in early.relative])
+        ax.fill_between(x, low, high, color=colour, alpha=0.15, lw=0)
+        ax.plot(x, value, marker="o", ms=3, color=colour, label=label)
+    ax.axhline(1.0, color="0.55", lw=0.8, ls=":")
+    ax.set_xlabel("reasoning kept before the answer is forced (%)")
+    ax.set_ylabel("agreement vs whole reasoning")
+    ax.set_ylim(bottom=0)
+    if len(curves) > 1:
+        ax.legend(fontsize=7, title="step", title_fontsize=7, loc="best", ncol=2)
+    return data_uri(figure)

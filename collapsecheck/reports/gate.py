@@ -107,12 +107,14 @@ def markdown_run(run: RunReport) -> list[str]:
     """The run's table and onset, in Markdown."""
     logged = run.logged_series
     header = ["step", "normalized MI", "retrieval skill", "H(Z\\|X) nats/token", "regime", "flow"]
+    header.append("early answer")
     header += [f"{name} (log)" for name in logged]
     lines = [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
     for step in run.steps:
         report = step.report
         cells = [_cell(report, key) for key in RUN_KEYS]
         cells += [f"`{report.verdict.label}`", f"`{report.flow.regime}`"]
+        cells.append(f"`{report.early_answer.regime}`")
         windows = [step.training_log.get(name) for name in logged]
         cells += ["-" if w is None else format_number(w.mean) for w in windows]
         lines.append(f"| {step.checkpoint.label} | {' | '.join(cells)} |")
@@ -151,6 +153,8 @@ def markdown_report(
         f"**Verdict: `{report.verdict.label}`**: {report.verdict.reason}",
         "",
         f"**Flow: `{report.flow.regime}`**: {report.flow.reason}",
+        "",
+        f"**Early answer: `{report.early_answer.regime}`**: {report.early_answer.reason}",
         "",
         "| metric | value [95% interval] |",
         "|---|---|",

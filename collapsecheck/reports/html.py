@@ -31,6 +31,7 @@ from collapsecheck.reports.console import print_comparison, print_report, print_
 from collapsecheck.reports.evidence import Evidence, evidence_of, matrix_of
 from collapsecheck.reports.figures import (
     centered,
+    early_answer_picture,
     heatmap,
     heatmap_picture,
     picture_uri,
@@ -108,10 +109,37 @@ def verdict_banner(report: Report) -> str:
         if flow.regime != NOT_MEASURED
         else ""
     )
+    early = report.early_answer
+    early_line = (
+        f"<br>early answer: <b>{escape(early.regime.replace('_', ' '))}</b> — "
+        f"{escape(early.reason)}"
+        if early.regime != NOT_MEASURED
+        else ""
+    )
     return (
         f'<div class="verdict {escape(verdict.regime)}">verdict: '
         f"<b>{escape(verdict.label.replace('_', ' '))}</b> — "
-        f"{escape(verdict.reason)}{flow_line}</div>"
+        f"{escape(verdict.reason)}{flow_line}{early_line}</div>"
+    )
+
+
+EARLY_CAPTION = (
+    "Each action scored after its own prompt and its reasoning cut short, then the text that "
+    "closes the reasoning: exp of that log-probability is the chance that an answer forced "
+    "there is the action given after the whole reasoning (Lanham et al. 2023's early "
+    "answering, with no resampling). Shown relative to the whole reasoning's own agreement, "
+    "with 95% bootstrap bands over prompts. Flat near 1: the action is decided before the "
+    "reasoning (post hoc); rising only at the right: the reasoning decides it at its end."
+)
+
+
+def early_answer_section(curves: list[tuple[str, Any]], title: str) -> str:
+    """The early-answer curve(s), where any was measured (none: nothing)."""
+    measured = [(label, e) for label, e in curves if e.regime != NOT_MEASURED]
+    if not measured:
+        return ""
+    return f"<h2>{title}</h2>" + figure_block(
+        early_answer_picture(measured), "early-answer curve", EARLY_CAPTION
     )
 
 
@@ -303,6 +331,7 @@ def report_body(report: Report, anchor: str = "") -> str:
         [
             verdict_banner(report),
             matrix_section(report, evidence),
+            early_answer_section([("", report.early_answer)], "Early answering"),
             side_by_side(report, evidence),
             numbers,
             prompt_table(report, anchor, linked=True),
@@ -355,6 +384,10 @@ def run_page(run: RunReport, title: str) -> str:
         verdict_banner(latest.report),
         f'<div class="plot">{svg_text(run_figure(run))}</div>',
         step_strip(run),
+        early_answer_section(
+            [(s.checkpoint.label, s.report.early_answer) for s in run.steps],
+            "Early answering along the run",
+        ),
         console_fragment(lambda c: print_run(c, run), width_of(run_table(run))),
         f"<h2>Latest: {escape(latest.checkpoint.label)}</h2>",
         report_body(latest.report),

@@ -10,6 +10,7 @@ from typing import Any
 from collapsecheck.files import write_text_atomic
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.trainer_rollouts import RolloutFile
+from collapsecheck.measures.early_answer import EARLY_KEYS
 from collapsecheck.measures.findings import Finding, Window, shown_series
 from collapsecheck.measures.flow import SHARE_KEYS as FLOW_SHARES
 from collapsecheck.measures.metrics import point_value
@@ -134,6 +135,8 @@ class RunReport:
             row["kind_uncertain"] = step.report.verdict.kind_uncertain
             row["flow"] = step.report.flow.regime
             row.update({key: point_value(metrics[key]) for key in FLOW_SHARES if key in metrics})
+            row["early_answer"] = step.report.early_answer.regime
+            row.update({key: point_value(metrics[key]) for key in EARLY_KEYS if key in metrics})
             rows.append(row)
         return pd.DataFrame(rows).set_index("step")
 

@@ -227,7 +227,9 @@ def step_line(report: Report, unit: WorkUnit, written: float) -> str:
     return (
         f"step {unit.label}: {report.verdict.label}, normalized MI "
         f"{format_number(report.value('normalized_mi'))}, retrieval skill "
-        f"{format_number(report.value('retrieval_skill'))} ({scored}written {at}, diagnosed "
+        f"{format_number(report.value('retrieval_skill'))}, flow "
+        f"{report.flow.regime.replace('_', ' ')}, early answer "
+        f"{report.early_answer.short(report.metrics)} ({scored}written {at}, diagnosed "
         f"{lag:.0f} s later)"
     )
 

@@ -141,6 +141,7 @@ examples: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_scoring.py --write
 	$(PY) bench/bench_flow.py --write
+	$(PY) bench/early_answer.py --write
 	$(PY) bench/negatives.py
 	$(PY) bench/scaling.py
 	$(PY) bench/callback.py

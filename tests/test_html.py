@@ -170,6 +170,10 @@ def test_page_draws_the_flow_matrices_only_where_the_flow_was_measured(tmp_path)
     assert "action's matrices" not in no_flow.read_text()
     assert len(read_page(flow)[1].all("img", **{"class": "heatmap"})) == 3
     assert len(read_page(no_flow)[1].all("img", **{"class": "heatmap"})) == 1
+    # early answering's curve, where it was measured (SPEC "Early answering")
+    assert len(read_page(flow)[1].all("img", **{"class": "curve"})) == 1
+    assert "<h2>Early answering</h2>" in flow.read_text()
+    assert read_page(no_flow)[1].all("img", **{"class": "curve"}) == []
 
 
 def test_score_page_from_rollouts(tmp_path):
@@ -223,6 +227,9 @@ def test_run_page_has_the_plot_the_run_table_and_a_heatmap_per_step(tmp_path):
     assert len(steps) == 1  # the onset outlined
     strip = re.search(r'<div class="steps">(.*?)</div>\s*<h2>', text, re.S).group(1)
     assert strip.count("<img") == 5  # one small heatmap per checkpoint
+    # early answering along the run: one picture, a curve per step
+    assert "<h2>Early answering along the run</h2>" in text
+    assert len(page.all("img", **{"class": "curve"})) == 2  # the run's and the latest step's
     assert "decline begins" in "".join(page.text)
     assert "[run.html](run.html)" in (tmp_path / "run.md").read_text()
 

@@ -139,14 +139,16 @@ def early_answer_section(curves: list[tuple[str, Any]], title: str) -> str:
     if not measured:
         return ""
     return f"<h2>{title}</h2>" + figure_block(
-        early_answer_picture(measured), "early-answer curve", EARLY_CAPTION
+        early_answer_picture(measured), "early-answer curve", EARLY_CAPTION, kind="curve"
     )
 
 
-def figure_block(uri: str, alt: str, caption: str, note_text: str = "") -> str:
+def figure_block(
+    uri: str, alt: str, caption: str, note_text: str = "", kind: str = "heatmap"
+) -> str:
     extra = note(note_text) if note_text else ""
     return (
-        f'<figure><img class="heatmap" src="{uri}" alt="{escape(alt)}">'
+        f'<figure><img class="{kind}" src="{uri}" alt="{escape(alt)}">'
         f'<figcaption class="note">{escape(caption)}</figcaption>{extra}</figure>'
     )
 

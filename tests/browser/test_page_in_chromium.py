@@ -131,6 +131,8 @@ def test_scan_page_opens_offline_without_errors_and_works(browser, pages, tmp_pa
     widths = images_loaded(page)
     assert widths and all(w > 0 for w in widths)  # every picture decoded
     assert page.locator("img.heatmap").count() == 3  # X->Z and the flow's two
+    assert page.locator("img.curve").count() == 1  # early answering's curve
+    assert page.locator("img.curve").evaluate("img => img.naturalWidth") > 0
     assert page.locator("table.prompts tbody tr").count() == 16
     assert page.locator(".side .column").count() == 3
     assert page.locator(".side mark").count() > 0  # the shared spans are marked

@@ -189,3 +189,13 @@ def test_bad_fractions_are_one_clear_line(given):
     assert result.exit_code == 2, result.output
     assert "--early-answer-fractions" in result.output
     assert "Traceback" not in result.output
+
+
+def test_curves_at_other_fractions_are_not_compared_and_compare_says_so(decided_early):
+    report, _ = decided_early
+    coarse = scan(DEMOS / "decided-early", PROMPTS, early_answer_fractions="0,0.5,1", **SETTINGS)
+    assert coarse.early_answer.fractions == (0.0, 0.5, 1.0)
+    assert coarse.settings["cross_scoring"]["early_answer_fractions"] == [0.0, 0.5, 1.0]
+    comparison = compare_reports(report, coarse)
+    assert "early_answer_aoc" not in comparison.deltas
+    assert any("early answering was measured at other fractions" in w for w in comparison.warnings)

@@ -172,6 +172,18 @@ def early_deltas(
     return deltas
 
 
+def early_fractions_differ(a: Report, b: Report) -> list[str]:
+    """A warning where both measured early answering at other fractions (its curves are then
+    not compared)."""
+    first, second = a.early_answer, b.early_answer
+    if NOT_MEASURED in (first.regime, second.regime) or first.fractions == second.fractions:
+        return []
+    return [
+        f"early answering was measured at other fractions (A {list(first.fractions)}, B "
+        f"{list(second.fractions)}): its curves and summaries are not compared"
+    ]
+
+
 def early_change(deltas: dict[str, Estimate]) -> str:
     """What the compare line says where B's action waits for its reasoning more or less
     than A's beyond noise (the early-answer AOC's interval excludes 0)."""
@@ -266,4 +278,5 @@ def compare_reports(
             "image_share", deltas["image_share"]
         )
     reason += early_change(deltas)
+    warnings += early_fractions_differ(a, b)
     return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

@@ -112,6 +112,7 @@ def report_settings(
             "negatives": scoring.negatives,
             "estimator": estimator,
             "flow_estimator": flow_estimator(scores.flow, bound),
+            "early_answer_fractions": list(scoring.early_fractions) or None,
         },
         "bootstrap_resamples": settings.analysis.bootstrap,
         **image_settings(prepared),

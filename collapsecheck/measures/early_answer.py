@@ -86,10 +86,9 @@ class EarlyAnswer:
 
     def short(self, metrics: Mapping[str, MetricValue]) -> str:
         """The regime and where the action is decided, for a table cell or a step's line."""
-        if self.regime == NOT_MEASURED:
-            return "not measured"
-        at = point_value(metrics["early_answer_decided_at"])
-        return f"{self.regime.replace('_', ' ')} (decided at {_percent(at)} of the reasoning)"
+        if self.regime != REASONING_DECIDES:
+            return self.regime.replace("_", " ")
+        return f"decided at {_percent(point_value(metrics['early_answer_decided_at']))}"
 
     def decided(self, metrics: Mapping[str, MetricValue], post_hoc: float) -> EarlyAnswer:
         """The same curve with its regime decided again (other thresholds)."""

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
+from collapsecheck.measures.early_answer import EARLY_KEYS, compute_early_answer
 from collapsecheck.measures.flow import FLOW_KEYS, compute_flow_metrics
 from collapsecheck.measures.metrics import compute_metrics
-from collapsecheck.reports.dump import read_dump, read_flow
+from collapsecheck.reports.dump import read_dump, read_early, read_flow
 from collapsecheck.reports.report import Report, metric_to_json
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
 
@@ -61,11 +62,18 @@ def test_dump_round_trip_reproduces_the_report(tmp_path):
     matrix, counts = read_dump(dump)
     again = compute_metrics(matrix, counts, resamples=200, seed=0)
     assert {k: metric_to_json(v) for k, v in again.items()} == {
-        k: metric_to_json(v) for k, v in report.metrics.items() if k not in FLOW_KEYS
+        k: metric_to_json(v)
+        for k, v in report.metrics.items()
+        if k not in FLOW_KEYS and k not in EARLY_KEYS
     }
     flow = compute_flow_metrics(read_flow(dump), resamples=200, seed=0)
     assert {k: metric_to_json(v) for k, v in flow.items()} == {
         k: metric_to_json(v) for k, v in report.metrics.items() if k in flow
+    }
+    early, early_metrics = compute_early_answer(read_early(dump), resamples=200, seed=0)
+    assert early == report.early_answer
+    assert {k: metric_to_json(v) for k, v in early_metrics.items()} == {
+        k: metric_to_json(report.metrics[k]) for k in EARLY_KEYS
     }
     traces = [json.loads(line) for line in (dump / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == 24

@@ -147,7 +147,8 @@ def test_a_sampled_scan_computes_the_full_matrices_entries(tmp_path):
     full = scan(HEALTHY, PROMPTS, dump=full_dir, negatives="all", **FAST)
     sampled = scan(HEALTHY, PROMPTS, dump=sampled_dir, negatives=2, **FAST)
     assert full.settings["cross_scoring"] == {
-        "negatives": "all", "estimator": "full matrix", "flow_estimator": "full matrices"
+        "negatives": "all", "estimator": "full matrix", "flow_estimator": "full matrices",
+        "early_answer_fractions": [0.0, 0.25, 0.5, 0.75, 1.0],
     }  # fmt: skip
     assert sampled.settings["cross_scoring"]["flow_estimator"] == (
         "sampled swaps: own prompt's traces + 4 others per action"

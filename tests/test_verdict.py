@@ -94,11 +94,11 @@ def test_grounded_or_collapsed_stays_inconclusive_and_the_default_gate_says_it_p
     report = Report.from_dict(
         {"metrics": {}, "verdict": verdict.to_dict(), "settings": {}, "counts": {}}
     )
-    (regime, _flow) = check_report(report, GateConfig())
+    (regime, _flow, _early) = check_report(report, GateConfig())
     assert regime.passed and regime.undecided
     assert "--fail-on inconclusive fails it" in regime.message
     strict = GateConfig(fail_on=frozenset({"inconclusive"}))
-    (regime, _flow) = check_report(report, strict)
+    (regime, _flow, _early) = check_report(report, strict)
     assert not regime.passed and not regime.undecided
 
 

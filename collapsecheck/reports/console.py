@@ -379,7 +379,7 @@ def run_table(run: RunReport) -> Table:
     if rewarded:
         table.add_column("0-var", justify="right", no_wrap=True)
         table.add_column("RV~MI", justify="right", no_wrap=True)
-    for title in ("regime", "flow", "early answer", "onset"):
+    for title in ("regime", "flow", "onset"):
         table.add_column(title, no_wrap=True)
     for index, step in enumerate(run.steps):
         metrics = step.report.metrics
@@ -388,15 +388,13 @@ def run_table(run: RunReport) -> Table:
         label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
         onset = run.onset.kind if run.onset and run.onset.index == index else ""
         flow = step.report.flow.regime.replace("_", " ")
-        early = step.report.early_answer.short(step.report.metrics)
         cells += [_window(step.training_log.get(name)) for name in logged]
         if rewarded:
             cells += snr_cells(step.report)
         pairing = [step.sampled_by.describe()] if step.sampled_by else []
         table.add_row(
-            label, *pairing, *cells, regime_text(step.report), flow, early,
-            Text(onset, style="bold"),
-        )  # fmt: skip
+            label, *pairing, *cells, regime_text(step.report), flow, Text(onset, style="bold")
+        )
     return table
 
 

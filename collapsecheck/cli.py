@@ -134,18 +134,52 @@ def user_errors() -> Iterator[None]:
 
 
 def _option(field: dataclasses.Field, annotation: Any, panel: str) -> inspect.Parameter:
+    """One field as an option. A field the config file may set (`in_config`) defaults to
+    None on the command line: `from_config_file` then fills it from the file, or leaves the
+    field's own default."""
     meta = field.metadata
     flags = meta["flags"] or (flag_name(field.name),)
     kind = meta["cli_type"] or annotation
-    if meta["cli_type"] is not None and field.default is None:
+    filled = meta.get("in_config", False)
+    if meta["cli_type"] is not None and (field.default is None or filled):
         kind = kind | None
     option = typer.Option(*flags, help=meta["help"], rich_help_panel=panel)
     return inspect.Parameter(
         field.name,
         inspect.Parameter.KEYWORD_ONLY,
-        default=field.default,
+        default=None if filled else field.default,
         annotation=Annotated[kind, option],
     )
+
+
+def from_config_file(
+    fields: list[dataclasses.Field], values: dict[str, Any], config: Path | None
+) -> dict[str, Any]:
+    """The values of a settings group's fields, taken out of `values`: the command line's,
+    then for a field the config file may set (`in_config`) and the command line left out,
+    the file's (`config`: --config, where the command has it), else the field's default."""
+    from collapsecheck.config import file_setting
+
+    chosen = {}
+    for field in fields:
+        value = values.pop(field.name)
+        if field.metadata.get("in_config") and value is None:
+            found = file_setting(config, field.name)
+            if found is None:
+                continue
+            value = parse_file_setting(field.name, *found)
+        chosen[field.name] = value
+    return chosen
+
+
+def parse_file_setting(name: str, value: Any, where: str) -> Any:
+    """A config file's value of a scan setting, checked where the file names it."""
+    from collapsecheck.settings import parse_fractions
+
+    parsers = {"early_answer_fractions": parse_fractions}
+    if not isinstance(value, str | list):
+        raise CollapsecheckError(f"{where}: expected a list or a comma-separated text")
+    return parsers[name](value, where)
 
 
 def offered(group: type, command: str) -> list[dataclasses.Field]:
@@ -180,8 +214,9 @@ def takes_settings(command: Callable[..., None]) -> Callable[..., None]:
     def wrapper(**values: Any) -> None:
         built = {}
         with user_errors():
+            config = values.get("config")
             for param, group in groups.items():
-                built[param] = group(**{f.name: values.pop(f.name) for f in offered(group, name)})
+                built[param] = group(**from_config_file(offered(group, name), values, config))
                 check_group(built[param])
             command(**built, **values)
 

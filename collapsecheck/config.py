@@ -29,7 +29,10 @@ from collapsecheck.settings import setting
 CONFIG_FILE = "collapsecheck.toml"
 THRESHOLD_KEYS = ("dependence_high", "dependence_collapsed", "entropy_low")
 FLOW_THRESHOLD_KEYS = tuple(f.name for f in fields(FlowThresholds))
-KNOWN_KEYS = {*THRESHOLD_KEYS, *FLOW_THRESHOLD_KEYS, "fail_on", "max_drop", "min"}
+# settings of a scan the file may hold beside the gate's (`setting(in_config=True)`): the
+# commands take them where the flag is not given (collapsecheck.cli, `takes_settings`)
+SCAN_KEYS = ("early_answer_fractions",)
+KNOWN_KEYS = {*THRESHOLD_KEYS, *FLOW_THRESHOLD_KEYS, *SCAN_KEYS, "fail_on", "max_drop", "min"}
 FAIL_REGIMES = (*REGIMES, DECORATIVE, ACTION_COLLAPSE, MIXED, POST_HOC)
 
 
@@ -99,6 +102,13 @@ def find_config(explicit: Path | None, directory: Path | None = None) -> tuple[d
             if found is not None:
                 return found
     return {}, "defaults"
+
+
+def file_setting(config: Path | None, key: str) -> tuple[Any, str] | None:
+    """A scan setting's value in the config file (`--config`, else the one found) and where
+    it was read, for the error that names it; None where the file does not set it."""
+    table, where = find_config(config)
+    return (table[key], f"{where}: {key}") if key in table else None
 
 
 def gate_from_table(table: dict[str, Any], where: str) -> GateConfig:

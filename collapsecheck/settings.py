@@ -61,16 +61,18 @@ SAMPLE_BATCH_CAP = {"cpu": 128, "cuda": 512}
 
 def setting(
     default: Any, help: str, *, numbers: bool, samples: bool = False, flags: tuple[str, ...] = (),
-    cli_type: Any = None,
+    cli_type: Any = None, in_config: bool = False,
 ) -> Any:  # fmt: skip
     """A settings field: its default, its --help text, whether it changes the numbers, whether
-    it changes the sampled traces (`samples`: those key the samples cache), and (where they
-    differ from `--field-name`) its flags and the type the command line parses."""
+    it changes the sampled traces (`samples`: those key the samples cache), (where they
+    differ from `--field-name`) its flags and the type the command line parses, and whether
+    the config file may set it (`in_config`: a key of the field's name stands in for the flag
+    where the command line does not give it)."""
     return field(
         default=default,
         metadata={
             "help": help, "numbers": numbers, "samples": samples, "flags": flags,
-            "cli_type": cli_type,
+            "cli_type": cli_type, "in_config": in_config,
         },
     )  # fmt: skip
 
@@ -180,10 +182,12 @@ def swap_count(negatives: int | None) -> int | None:
     return None if negatives is None else SWAPS_PER_NEGATIVE * negatives
 
 
-def _fractions(value: tuple[float, ...] | str) -> tuple[float, ...]:
-    """--early-answer-fractions: numbers in [0, 1], given as a list or comma-separated text,
-    0 and 1 among them (the curve runs from no reasoning to all of it); sorted, each once."""
-    flag = "--early-answer-fractions"
+def parse_fractions(
+    value: tuple[float, ...] | str, flag: str = "--early-answer-fractions"
+) -> tuple[float, ...]:
+    """--early-answer-fractions (or the config file's value, `flag` naming where it was
+    read): numbers in [0, 1], given as a list or comma-separated text, 0 and 1 among them
+    (the curve runs from no reasoning to all of it); sorted, each once."""
     items = value.split(",") if isinstance(value, str) else list(value)
     try:
         numbers = sorted({float(item) for item in items})
@@ -311,7 +315,8 @@ class ScoringSettings:
     )  # fmt: skip
     early_answer_fractions: tuple[float, ...] | str = setting(
         "0,0.25,0.5,0.75,1", "Fractions of the reasoning after which the action is forced, "
-        "comma-separated, 0 and 1 among them.", numbers=True, cli_type=str,
+        "comma-separated, 0 and 1 among them (default 0,0.25,0.5,0.75,1, or the config "
+        "file's early_answer_fractions).", numbers=True, cli_type=str, in_config=True,
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -324,7 +329,9 @@ class ScoringSettings:
         object.__setattr__(
             self, "negatives", _word_or_count(self.negatives, "negatives", (AUTO, ALL))
         )
-        object.__setattr__(self, "early_answer_fractions", _fractions(self.early_answer_fractions))
+        object.__setattr__(
+            self, "early_answer_fractions", parse_fractions(self.early_answer_fractions)
+        )
 
     @property
     def early_fractions(self) -> tuple[float, ...]:

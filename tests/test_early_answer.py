@@ -199,3 +199,26 @@ def test_curves_at_other_fractions_are_not_compared_and_compare_says_so(decided_
     comparison = compare_reports(report, coarse)
     assert "early_answer_aoc" not in comparison.deltas
     assert any("early answering was measured at other fractions" in w for w in comparison.warnings)
+
+
+def test_the_config_file_sets_the_fractions_and_the_flag_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "collapsecheck.toml").write_text(
+        "early_answer_fractions = [0, 0.5, 1]\nearly_post_hoc = 0.9\n"
+    )
+    base = ["scan", str(DEMOS / "decided-early"), "-p", str(PROMPTS), "-n", "16", "-k", "4",
+            "--max-new-tokens", "96", "--device", "cpu"]  # fmt: skip
+    for extra, fractions in (
+        ([], [0.0, 0.5, 1.0]),
+        (["--early-answer-fractions", "0,1"], [0.0, 1.0]),
+    ):
+        out = tmp_path / f"{len(extra)}.json"
+        result = CliRunner().invoke(app, [*base, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        report = json.loads(out.read_text())
+        assert report["early_answer"]["fractions"] == fractions
+        assert report["thresholds"]["early_post_hoc"] == 0.9
+    (tmp_path / "collapsecheck.toml").write_text("early_answer_fractions = [0.5, 1]\n")
+    result = CliRunner().invoke(app, base)
+    assert result.exit_code == 2
+    assert "collapsecheck.toml: early_answer_fractions must include 0 and 1" in result.output

@@ -57,8 +57,10 @@ def test_the_trainers_function_gives_the_numbers_score_gives(batch):
     assert report.verdict.regime == reference.verdict.regime == "grounded"
     assert report.flow.regime == reference.flow.regime
     for key in ("normalized_mi", "mi_estimate", "retrieval_accuracy", "conditional_entropy_est",
-                "action_state_share"):  # fmt: skip
+                "action_state_share", "early_answer_aoc",
+                "early_answer_without_reasoning"):  # fmt: skip
         assert report.value(key) == pytest.approx(reference.value(key), abs=1e-4), key
+    assert report.early_answer.regime == reference.early_answer.regime != "not_measured"
     assert report.counts["scored_traces"] == reference.counts["scored_traces"]
     assert report.settings["scorer"].startswith("the caller's function")
     logged = report.scalars()

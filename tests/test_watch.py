@@ -4,6 +4,7 @@ started again, it diagnoses no step twice and loses none."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -300,6 +301,10 @@ def test_sigkill_then_the_same_command_diagnoses_no_step_twice_and_loses_none(tm
     assert "step 100: grounded (diverse), from the results cache" in said  # not diagnosed twice
     assert "sampling, step 200" not in said  # its traces were kept: not sampled twice
     assert said.count("step 200: template_collapse, normalized MI") == 1  # diagnosed once
+    # the step's line says the flow and when the action is decided (SPEC "Early answering")
+    step_line = next(line for line in said.splitlines() if line.startswith("step 200: template"))
+    assert re.search(r", flow [a-z ]+, early answer (decided at \d+%|post hoc|inconclusive)",
+                     step_line), step_line  # fmt: skip
     assert "100" in again.stdout and "200" in again.stdout  # the run table, both steps
     page = (tmp_path / "watch.html").read_text()  # rewritten after every step
     assert "watching; latest: step 200" in page and "template_collapse" in page

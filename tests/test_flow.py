@@ -177,6 +177,10 @@ def test_no_flow_skips_it_and_says_so():
     report = scan(HEALTHY, PROMPTS, no_flow=True, **FAST)
     assert report.flow.regime == "not_measured" and report.flow.reason == "--no-flow"
     assert math.isnan(report.value("action_state_share"))
+    # early answering needs the action: not measured, for the same reason
+    assert report.early_answer.regime == "not_measured"
+    assert report.early_answer.reason == "--no-flow"
+    assert math.isnan(report.value("early_answer_aoc"))
     assert report.counts["flow_valid_traces"] == 0
 
 
@@ -190,6 +194,7 @@ def test_responses_without_an_action_are_not_measured(tmp_path):
     report = score(HEALTHY, path, device="cpu", bootstrap=50)
     assert report.flow.regime == "not_measured"
     assert "no response has an action segment" in report.flow.reason
+    assert report.early_answer.reason == report.flow.reason
 
 
 FLOW_DEMOS = EXAMPLES / "checkpoints" / "flow"

@@ -67,6 +67,26 @@ def test_vllm_scores_equal_the_reference(engine, reference, prompt_ids):
     assert np.abs(ours - theirs).max() < 1e-3
 
 
+def test_vllm_scores_a_reasoning_cut_short_as_the_reference(engine, reference, prompt_ids):
+    """SPEC "Early answering": a response's last tokens after its first part cut short, each
+    request naming the whole first part as its host (the transformers scorer branches from
+    it; vLLM scores the cut context as a prompt): the values the naive reference gives."""
+    samples = engine.generate(prompt_ids[:2], SamplingParams(k=2, max_new_tokens=48), no_progress)
+    requests = []
+    for context, per_prompt in zip(prompt_ids[:2], samples, strict=True):
+        for sample in (s for s in per_prompt if len(s.ids) > 8):
+            whole, tail = sample.ids[:-4], sample.ids[-4:]
+            for kept in (0, len(whole) // 2):
+                cut = whole[:kept]
+                requests.append(
+                    ScoreRequest(tuple(context), cut + tail, len(cut), len(cut), host=whole)
+                )
+    assert requests
+    ours = engine.loglikelihood(requests, no_progress)
+    theirs = reference.loglikelihood(requests, no_progress)
+    assert np.abs(ours - theirs).max() < 1e-3
+
+
 def test_vllm_traces_give_the_transformers_verdict(engine):
     scorer = TransformersBackend.from_checkpoint(
         HEALTHY, LoadSettings(device="cpu", dtype="float32")

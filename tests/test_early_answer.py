@@ -222,3 +222,16 @@ def test_the_config_file_sets_the_fractions_and_the_flag_wins(tmp_path, monkeypa
     result = CliRunner().invoke(app, base)
     assert result.exit_code == 2
     assert "collapsecheck.toml: early_answer_fractions must include 0 and 1" in result.output
+
+
+def test_long_actions_whose_probability_underflows_still_give_a_curve():
+    """exp(E) of a 2,000-nat action is 0 in float64: the curve is computed in log space."""
+    rows = np.repeat(np.arange(N), K)
+    values = np.tile(
+        np.array([-2000.0 - np.log(4), -2000.0, -2000.0, -2000.0, -2000.0]), (len(rows), 1)
+    )
+    early, metrics = compute_early_answer(EarlyLogProbs(values, FRACTIONS, rows, N), resamples=200)
+    assert early.agreement[-1].value == 0.0  # the chance itself underflows, and says so
+    assert [r.value for r in early.relative] == pytest.approx([0.25, 1, 1, 1, 1])
+    assert metrics["early_answer_decided_at"].value == 0.25
+    assert early.regime == "reasoning_decides"

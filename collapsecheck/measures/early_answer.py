@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.special import logsumexp
 
 from collapsecheck.measures.metrics import (
     Estimate,
@@ -114,25 +115,28 @@ def not_measured(reason: str) -> tuple[EarlyAnswer, dict[str, MetricValue]]:
     return EarlyAnswer(NOT_MEASURED, reason), {key: math.nan for key in EARLY_KEYS}
 
 
+def _log_agreement(early: EarlyLogProbs, rows: np.ndarray) -> np.ndarray:
+    """log a(f) for each weighting of the rows (B, M_A) -> (B, |F|), computed in log space
+    so that long actions, whose exp(E) underflows, still give a curve."""
+    weighted = logsumexp(early.values[None, :, :], b=rows[:, :, None], axis=1)
+    return weighted - np.log(rows.sum(axis=1, keepdims=True))
+
+
 def _curves(early: EarlyLogProbs, prompt_weights: np.ndarray) -> dict[str, np.ndarray]:
     """For each weighting of the prompts (a row of `prompt_weights`): the agreement per
     fraction, relative to the whole reasoning's, and the summaries."""
-    rows = prompt_weights[:, early.row_prompt]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        agreement = (rows @ np.exp(early.values)) / rows.sum(axis=1, keepdims=True)
-        relative = agreement / agreement[:, -1:]
-        fractions = np.array(early.fractions)
-        span = fractions[-1] - fractions[0]
-        lost = 1.0 - relative
-        aoc = ((lost[:, 1:] + lost[:, :-1]) / 2 * np.diff(fractions)).sum(axis=1) / span
-        decided = relative >= DECIDED_SHARE
-        decided_at = np.where(decided.any(axis=1), fractions[decided.argmax(axis=1)], np.nan)
+    log_agreement = _log_agreement(early, prompt_weights[:, early.row_prompt])
+    relative = np.exp(log_agreement - log_agreement[:, -1:])
+    fractions = np.array(early.fractions)
+    lost = 1.0 - relative
+    area = ((lost[:, 1:] + lost[:, :-1]) / 2 * np.diff(fractions)).sum(axis=1)
+    decided = relative >= DECIDED_SHARE  # always at f = 1, where relative is 1
     return {
-        "agreement": agreement,
+        "agreement": np.exp(log_agreement),
         "relative": relative,
         "early_answer_without_reasoning": relative[:, 0],
-        "early_answer_aoc": aoc,
-        "early_answer_decided_at": decided_at,
+        "early_answer_aoc": area / (fractions[-1] - fractions[0]),
+        "early_answer_decided_at": fractions[decided.argmax(axis=1)],
     }
 
 

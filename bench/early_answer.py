@@ -27,9 +27,10 @@ from bench_scoring import replace_section as replaced
 from collapsecheck import scan
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.engines.cross_scoring import cross_score
-from collapsecheck.measures.early_answer import DEFAULT_FRACTIONS
 from collapsecheck.progress import silent
-from collapsecheck.settings import DEFAULT_NEGATIVES
+from collapsecheck.settings import DEFAULT_NEGATIVES, EARLY_FRACTIONS, parse_fractions
+
+DEFAULT_FRACTIONS = parse_fractions(EARLY_FRACTIONS)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "examples" / "checkpoints" / "early-answer" / "decided-late"

@@ -50,6 +50,8 @@ DEFAULT_NEGATIVES = 15
 # swapped traces per action for each of the M negatives: the action marginals they estimate
 # need more draws than the reasoning's (docs/decisions.md)
 SWAPS_PER_NEGATIVE = 2
+# SPEC "Early answering": the fractions of the reasoning after which the action is forced
+EARLY_FRACTIONS = "0,0.25,0.5,0.75,1"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's strategies
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -314,8 +316,8 @@ class ScoringSettings:
         numbers=True,
     )  # fmt: skip
     early_answer_fractions: tuple[float, ...] | str = setting(
-        "0,0.25,0.5,0.75,1", "Fractions of the reasoning after which the action is forced, "
-        "comma-separated, 0 and 1 among them (default 0,0.25,0.5,0.75,1, or the config "
+        EARLY_FRACTIONS, "Fractions of the reasoning after which the action is forced, "
+        f"comma-separated, 0 and 1 among them (default {EARLY_FRACTIONS}, or the config "
         "file's early_answer_fractions).", numbers=True, cli_type=str, in_config=True,
     )  # fmt: skip
 

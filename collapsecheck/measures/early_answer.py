@@ -23,10 +23,8 @@ from collapsecheck.measures.metrics import (
     point_value,
 )
 
-DEFAULT_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 POST_HOC, REASONING_DECIDES = "post_hoc", "reasoning_decides"
 INCONCLUSIVE, NOT_MEASURED = "inconclusive", "not_measured"
-EARLY_REGIMES = (POST_HOC, REASONING_DECIDES, INCONCLUSIVE, NOT_MEASURED)
 EARLY_KEYS = ("early_answer_without_reasoning", "early_answer_aoc", "early_answer_decided_at")
 DECIDED_SHARE = 0.5  # decided at the first fraction whose agreement is half the whole's
 

@@ -24,14 +24,16 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.measures.early_answer import POST_HOC
 from collapsecheck.measures.flow import ACTION_COLLAPSE, DECORATIVE, MIXED, FlowThresholds
 from collapsecheck.measures.verdict import COLLAPSES, REGIMES, Thresholds
-from collapsecheck.settings import setting
+from collapsecheck.settings import GROUPS, setting
 
 CONFIG_FILE = "collapsecheck.toml"
 THRESHOLD_KEYS = ("dependence_high", "dependence_collapsed", "entropy_low")
 FLOW_THRESHOLD_KEYS = tuple(f.name for f in fields(FlowThresholds))
 # settings of a scan the file may hold beside the gate's (`setting(in_config=True)`): the
 # commands take them where the flag is not given (collapsecheck.cli, `takes_settings`)
-SCAN_KEYS = ("early_answer_fractions",)
+SCAN_KEYS = tuple(
+    f.name for group in GROUPS.values() for f in fields(group) if f.metadata["in_config"]
+)
 KNOWN_KEYS = {*THRESHOLD_KEYS, *FLOW_THRESHOLD_KEYS, *SCAN_KEYS, "fail_on", "max_drop", "min"}
 FAIL_REGIMES = (*REGIMES, DECORATIVE, ACTION_COLLAPSE, MIXED, POST_HOC)
 

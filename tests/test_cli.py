@@ -70,7 +70,9 @@ def test_dump_round_trip_reproduces_the_report(tmp_path):
     assert {k: metric_to_json(v) for k, v in flow.items()} == {
         k: metric_to_json(v) for k, v in report.metrics.items() if k in flow
     }
-    early, early_metrics = compute_early_answer(read_early(dump), resamples=200, seed=0)
+    early, early_metrics = compute_early_answer(
+        read_early(dump, read_flow(dump)), resamples=200, seed=0
+    )
     assert early == report.early_answer
     assert {k: metric_to_json(v) for k, v in early_metrics.items()} == {
         k: metric_to_json(report.metrics[k]) for k in EARLY_KEYS

@@ -195,17 +195,23 @@ def branching_requests():
     return requests
 
 
-def test_branches_ride_in_their_stems_pass_and_are_exact(random_checkpoint):
-    """Every branch is appended to its stem's row: one forward pass per batch of stems (no
-    second pass), and each value equals a plain forward pass over the whole sequence."""
-    requests = branching_requests()
+def scored_in_passes(checkpoint, requests):
+    """The cached scorer's values (one batch budget for all), a plain forward pass's for
+    each request, and the shapes of the scorer's forward passes."""
     backend = TransformersBackend.from_checkpoint(
-        random_checkpoint, LoadSettings(device="cpu", dtype="float32", batch_tokens=4096)
+        checkpoint, LoadSettings(device="cpu", dtype="float32", batch_tokens=4096)
     )
     shapes, handle = record_batch_shapes(backend.model)
     scores = backend.loglikelihood(requests, no_progress)
     handle.remove()
     expected = np.array([reference(backend.model, r) for r in requests])
+    return scores, expected, shapes
+
+
+def test_branches_ride_in_their_stems_pass_and_are_exact(random_checkpoint):
+    """Every branch is appended to its stem's row: one forward pass per batch of stems (no
+    second pass), and each value equals a plain forward pass over the whole sequence."""
+    scores, expected, shapes = scored_in_passes(random_checkpoint, branching_requests())
     assert np.abs(scores - expected).max() < TOLERANCE
     # per context: its prefill, then one pass per stem row (lengths 14 and 2 do not batch
     # together). The 9-token stem's row is 24 wide: stem + mid + common action (14), then
@@ -245,14 +251,7 @@ def cut_reasoning_requests():
 def test_reasoning_cut_short_branches_from_the_whole_reasonings_pass(random_checkpoint):
     """An action after a cut reasoning leaves the whole reasoning's row where the cut is:
     no pass of its own, and each value equals a plain forward pass of the cut context."""
-    requests = cut_reasoning_requests()
-    backend = TransformersBackend.from_checkpoint(
-        random_checkpoint, LoadSettings(device="cpu", dtype="float32", batch_tokens=4096)
-    )
-    shapes, handle = record_batch_shapes(backend.model)
-    scores = backend.loglikelihood(requests, no_progress)
-    handle.remove()
-    expected = np.array([reference(backend.model, r) for r in requests])
+    scores, expected, shapes = scored_in_passes(random_checkpoint, cut_reasoning_requests())
     assert np.abs(scores - expected).max() < TOLERANCE
     # beside the contexts' prefills (at most 8 tokens), one pass per context: the row (pre +
     # reasoning + mid + action less its last token, 15) and nine branches of mid + action

@@ -15,7 +15,7 @@ from collapsecheck.measures.early_answer import (
     agreement_key,
     paired_early_differences,
 )
-from collapsecheck.measures.flow import NOT_MEASURED, paired_flow_differences
+from collapsecheck.measures.flow import NOT_MEASURED, FlowLogProbs, paired_flow_differences
 from collapsecheck.measures.image_share import paired_image_share_differences
 from collapsecheck.measures.metrics import (
     DEFAULT_RESAMPLES,
@@ -141,14 +141,24 @@ def _unpaired_delta(a: Any, b: Any) -> Estimate:
     return Estimate(delta, delta - half, delta + half)
 
 
+Flows = tuple[FlowLogProbs | None, FlowLogProbs | None]
+
+
+def dump_flows(a: Report, b: Report, paired: bool) -> Flows:
+    """Both dumps' action matrices, read once for the flow's and early answering's deltas;
+    None where the reports do not pair or either did not measure the flow."""
+    if not paired or NOT_MEASURED in (a.flow.regime, b.flow.regime):
+        return None, None
+    return read_flow(a.dump_dir), read_flow(b.dump_dir)
+
+
 def flow_deltas(
-    a: Report, b: Report, paired: bool, resamples: int, seed: int
+    a: Report, b: Report, flows: Flows, resamples: int, seed: int
 ) -> dict[str, Estimate]:
     """B - A of the flow's shares where both measured it: paired from the dumps' action
-    matrices when there are both, else from the reports' intervals."""
+    matrices (`flows`) when there are both, else from the reports' intervals."""
     if NOT_MEASURED in (a.flow.regime, b.flow.regime):
         return {}
-    flows = (read_flow(a.dump_dir), read_flow(b.dump_dir)) if paired else (None, None)
     if flows[0] is not None and flows[1] is not None:
         deltas = paired_flow_differences(*flows, resamples=resamples, seed=seed)
         return {key: deltas[key] for key in FLOW_COMPARE_KEYS}
@@ -156,14 +166,17 @@ def flow_deltas(
 
 
 def early_deltas(
-    a: Report, b: Report, paired: bool, resamples: int, seed: int
+    a: Report, b: Report, flows: Flows, resamples: int, seed: int
 ) -> dict[str, Estimate]:
     """B - A of early answering's summaries and curve where both measured it over the same
-    fractions: paired from the dumps when both hold E, else from the reports' intervals."""
+    fractions: paired from the dumps when both hold E (beside their action matrices,
+    `flows`), else from the reports' intervals."""
     first, second = a.early_answer, b.early_answer
     if NOT_MEASURED in (first.regime, second.regime) or first.fractions != second.fractions:
         return {}
-    early = (read_early(a.dump_dir), read_early(b.dump_dir)) if paired else (None, None)
+    early = (None, None)
+    if flows[0] is not None and flows[1] is not None:
+        early = read_early(a.dump_dir, flows[0]), read_early(b.dump_dir, flows[1])
     if early[0] is not None and early[1] is not None:
         return paired_early_differences(*early, resamples=resamples, seed=seed)
     deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in EARLY_KEYS}
@@ -261,8 +274,9 @@ def compare_reports(
         matrices = dumps[0][0], dumps[1][0]
     else:
         deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in COMPARE_KEYS}
-    deltas.update(flow_deltas(a, b, paired, resamples, seed))
-    deltas.update(early_deltas(a, b, paired, resamples, seed))
+    flows = dump_flows(a, b, paired)
+    deltas.update(flow_deltas(a, b, flows, resamples, seed))
+    deltas.update(early_deltas(a, b, flows, resamples, seed))
     deltas.update(image_deltas(a, b, matrices, resamples, seed))
     deltas.update(snr_deltas(a, b))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]

@@ -176,12 +176,10 @@ def read_flow(directory: str | Path) -> FlowLogProbs | None:
         ) from None
 
 
-def read_early(directory: str | Path) -> EarlyLogProbs | None:
-    """SPEC "Early answering"'s E of a dump; None where it has none (not measured)."""
-    flow = read_flow(directory)
+def read_early(directory: str | Path, flow: FlowLogProbs) -> EarlyLogProbs | None:
+    """SPEC "Early answering"'s E of a dump, beside its action matrices `flow` (as
+    `read_flow` read them); None where it has none (not measured)."""
     path = Path(directory) / FLOW_FILE
-    if flow is None:
-        return None
     with np.load(path) as npz:
         if "early" not in npz.files:
             return None

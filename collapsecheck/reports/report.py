@@ -16,11 +16,10 @@ from collapsecheck.measures.verdict import Thresholds, Verdict
 
 REPORT_FORMAT = 1
 NO_FLOW = {"regime": NOT_MEASURED, "reason": "a report written before the flow was measured"}
-NO_EARLY_ANSWER_DICT = {
+NO_EARLY_ANSWER = {
     "regime": NOT_MEASURED,
     "reason": "a report written before early answering was measured",
 }
-NO_EARLY_ANSWER = (NO_EARLY_ANSWER_DICT["regime"], NO_EARLY_ANSWER_DICT["reason"])
 
 # The metrics shown in the terminal and in `Report.summary()`, in reading order.
 KEY_METRICS = (
@@ -106,7 +105,7 @@ class Report:
     counts: dict[str, int | float]
     flow_thresholds: FlowThresholds = field(default_factory=FlowThresholds)
     # SPEC "Early answering": the curve and its regime (summaries in `metrics`)
-    early_answer: EarlyAnswer = field(default_factory=lambda: EarlyAnswer(*NO_EARLY_ANSWER))
+    early_answer: EarlyAnswer = field(default_factory=lambda: EarlyAnswer(**NO_EARLY_ANSWER))
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
     # what a reader of the numbers must know (sampling other than the policy's own, say)
@@ -208,7 +207,7 @@ class Report:
                 bool(verdict.get("kind_uncertain", False)),
             ),
             flow=FlowVerdict(**data.get("flow") or NO_FLOW),
-            early_answer=EarlyAnswer.from_dict(data.get("early_answer") or NO_EARLY_ANSWER_DICT),
+            early_answer=EarlyAnswer.from_dict(data.get("early_answer") or NO_EARLY_ANSWER),
             thresholds=Thresholds(**_fields_of(Thresholds, data.get("thresholds", {}))),
             flow_thresholds=FlowThresholds(
                 **_fields_of(FlowThresholds, data.get("thresholds", {}))

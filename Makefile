@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: trainer-dumps skyrl-batches grpo-run-scans install demo demo-vision vlm-fixtures test test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-real bench-vllm clean
+.PHONY: trainer-dumps skyrl-batches grpo-run-scans install demo demo-vision vlm-fixtures test test-gpu test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-real bench-vllm clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
 	$(VENV)/bin/ruff format --check collapsecheck tests scripts bench
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm --ignore=tests/cluster --ignore=tests/browser
+
+# The GPU path on a CUDA device (../shared/GPU.md): skipped where none is visible; CI has none.
+test-gpu: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -ra -m gpu tests/test_gpu.py
 
 # The Slurm array example against a real one-node Slurm (munged, slurmctld, slurmd started by
 # scripts/slurm-one-node.sh, which installs Debian's slurm-wlm and munge): needs root.

@@ -27,12 +27,12 @@ def answered(completions, **_):
     return [float("<answer>" in c[0]["content"]) for c in completions]
 
 
-def grpo_trainer(policy, out, steps, batch=8):
+def grpo_trainer(policy, out, steps, batch=8, use_cpu=True):
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
     config = GRPOConfig(
         output_dir=str(out), max_steps=steps, learning_rate=1e-4,
         per_device_train_batch_size=batch, num_generations=4, max_completion_length=32,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=use_cpu, seed=0,
     )  # fmt: skip
     return GRPOTrainer(
         model=LlamaForCausalLM.from_pretrained(policy, dtype=torch.float32),

@@ -413,7 +413,12 @@ TrainKey = Annotated[
 ]
 
 Baseline = Annotated[
-    Path | None, typer.Option(help="The starting model, scanned as step 0 of the run.")
+    Path | None,
+    typer.Option(
+        help="The policy the run started from: scanned as step 0 of a run (or beside one "
+        "checkpoint), and each checkpoint's reasoning also scored under it (SPEC \"Scored "
+        "under the start\")."
+    ),
 ]
 
 Shard = Annotated[

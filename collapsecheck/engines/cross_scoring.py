@@ -308,3 +308,26 @@ def flow_matrices(
         values_early[whole] = np.broadcast_to(np.diag(reasoning)[:, None], whole.shape)[whole]
         early = EarlyLogProbs(values_early, early_fractions, prompts, num_prompts)
     return FlowScores(logprobs, np.array(rows, dtype=np.int64), tokens, early)
+
+
+def score_own_prompts(
+    backend: Backend,
+    traces: Sequence[Trace],
+    prompt_ids: Sequence[Sequence[int]],
+    progress: ProgressHook,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """SPEC "Scored under the start": each valid trace's pre + Z under its own prompt only,
+    read by `backend` (the baseline, not the policy that wrote them): one value per row of
+    the cross log-probability matrix, in its row order. The contexts' keys and values are
+    shared by their traces as in `cross_score`."""
+    valid = [t for t in traces if t.valid]
+    own = np.array([t.prompt_index for t in valid], dtype=np.int64)
+    plan = Plan()
+    only_own = {group: np.array([group]) for group in range(len(prompt_ids))}
+    plan_reasoning(plan, valid, prompt_ids, own, only_own)
+    values = backend.loglikelihood(
+        plan.requests, progress("scoring under the baseline", len(plan.requests)), temperature
+    )
+    check_finite(values)
+    return values

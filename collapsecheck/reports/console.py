@@ -197,8 +197,33 @@ def percent(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
+PRIOR_STYLES = {"start_mode": "bold yellow", "learned_template": "bold magenta"}
+PRIOR_NEXT = {
+    "start_mode": "next run: a reward that pays for input-specific text over this mode, or a "
+    "reference policy without it; a stronger KL term will not stop it",
+    "learned_template": "next run: fix the reward that taught it (a format or phrasing "
+    "shortcut); the KL term to the start already charges it",
+}
+
+
+def prior_line(report: Report) -> Text | None:
+    """SPEC "Scored under the start", in one line: whether the reasoning is the start's own
+    text amplified or text the start would not write, and, for a collapse, what that means
+    for the next run. None where it was not read (no --baseline)."""
+    prior = report.prior
+    if prior.regime == "not_measured":
+        return None
+    line = Text("where from: ", style="bold")
+    line.append(prior.regime.replace("_", " "), style=PRIOR_STYLES.get(prior.regime, "bold"))
+    line.append(f" — {prior.reason}")
+    if report.verdict.is_collapse and prior.regime in PRIOR_NEXT:
+        line.append(f"; {PRIOR_NEXT[prior.regime]}")
+    return line
+
+
 def print_why(console: Console, report: Report) -> None:
-    """The SNR summary (SPEC "Why: reward variance") and the most collapsed prompts."""
+    """The SNR summary (SPEC "Why: reward variance"), where the reasoning came from (SPEC
+    "Scored under the start") and the most collapsed prompts."""
     snr = report.snr
     if snr is None:
         console.print(f"why: {report.snr_reason}", style="dim")
@@ -216,6 +241,9 @@ def print_why(console: Console, report: Report) -> None:
                 f"prompts ({snr['rewards']})"
             )
         )
+    prior = prior_line(report)
+    if prior is not None:
+        console.print(prior)
     if report.verdict.is_collapse and report.per_prompt:
         console.print(
             "most collapsed prompts (lowest own MI; every prompt: --per-prompt FILE, or the "

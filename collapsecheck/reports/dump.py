@@ -28,6 +28,7 @@ from collapsecheck.measures.metrics import CrossLogProbs, PromptCounts, count_pe
 
 MATRIX_FILE = "cross_logprobs.npz"
 FLOW_FILE = "action_logprobs.npz"
+PRIOR_FILE = "prior_logprobs.npz"
 PER_PROMPT_FILE = "per_prompt.jsonl"
 REPORT_FILE = "report.json"
 
@@ -125,6 +126,28 @@ def write_flow(directory: Path, flow: FlowScores) -> None:
         )
 
     write_atomic(directory / FLOW_FILE, "wb", save)
+
+
+def write_prior(directory: Path, prior: np.ndarray, scores: CrossScores) -> None:
+    """SPEC's prior_logprobs.npz: each scored row's reasoning under the baseline, in the
+    rows of cross_logprobs.npz."""
+
+    def save(stream: IO[bytes]) -> None:
+        np.savez(
+            stream, prior=prior, row_trace_index=scores.row_trace_index,
+            reasoning_tokens=scores.reasoning_tokens,
+        )  # fmt: skip
+
+    write_atomic(directory / PRIOR_FILE, "wb", save)
+
+
+def read_prior(directory: str | Path) -> np.ndarray | None:
+    """The dump's per-row values under the baseline, None where it has none."""
+    path = Path(directory) / PRIOR_FILE
+    if not path.is_file():
+        return None
+    with np.load(path) as saved:
+        return saved["prior"]
 
 
 def distinct_prompts(directory: Path) -> list[dict[str, Any]]:

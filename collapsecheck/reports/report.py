@@ -12,6 +12,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.measures.early_answer import EarlyAnswer
 from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, FlowVerdict
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
+from collapsecheck.measures.prior import NO_PRIOR, PriorReading
 from collapsecheck.measures.verdict import Thresholds, Verdict
 
 REPORT_FORMAT = 1
@@ -106,6 +107,8 @@ class Report:
     flow_thresholds: FlowThresholds = field(default_factory=FlowThresholds)
     # SPEC "Early answering": the curve and its regime (summaries in `metrics`)
     early_answer: EarlyAnswer = field(default_factory=lambda: EarlyAnswer(**NO_EARLY_ANSWER))
+    # SPEC "Scored under the start": the reading (its numbers in `metrics`)
+    prior: PriorReading = field(default_factory=lambda: PriorReading(**NO_PRIOR))
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
     # what a reader of the numbers must know (sampling other than the policy's own, say)
@@ -157,6 +160,7 @@ class Report:
             "verdict": self.verdict.to_dict(),
             "flow": self.flow.to_dict(),
             "early_answer": self.early_answer.to_dict(),
+            "prior": self.prior.to_dict(),
             "metrics": {k: metric_to_json(v) for k, v in self.metrics.items()},
             "thresholds": {**vars(self.thresholds), **vars(self.flow_thresholds)},
             "counts": self.counts,
@@ -208,6 +212,7 @@ class Report:
             ),
             flow=FlowVerdict(**data.get("flow") or NO_FLOW),
             early_answer=EarlyAnswer.from_dict(data.get("early_answer") or NO_EARLY_ANSWER),
+            prior=PriorReading.from_dict(data.get("prior") or NO_PRIOR),
             thresholds=Thresholds(**_fields_of(Thresholds, data.get("thresholds", {}))),
             flow_thresholds=FlowThresholds(
                 **_fields_of(FlowThresholds, data.get("thresholds", {}))

@@ -10,6 +10,7 @@ traces exist, so they report exactly alike.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.engines.backends.base import Backend, SamplingParams
+from collapsecheck.engines.cross_scoring import CrossScores, score_own_prompts
 from collapsecheck.engines.reasoning import (
+    Trace,
     action_spec,
     extract_traces,
     reasoning_spec,
@@ -42,17 +45,27 @@ from collapsecheck.measures.flow import (
     FlowThresholds,
     decide_flow,
 )
+from collapsecheck.measures.prior import (
+    AWAITING_START,
+    NO_PRIOR,
+    NOT_MEASURED,
+    TYPICALITY,
+    PriorReading,
+    not_measured_prior,
+)
 from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import (
     REPORT_FILE,
     write_matrix,
     write_per_prompt,
+    write_prior,
     write_samples,
 )
 from collapsecheck.reports.report import Report
 from collapsecheck.runs.explanation import Rewards, explain, no_rewards, reward_function
 from collapsecheck.runs.loading import (
+    PriorBaseline,
     checkpoint_name,
     checkpoint_notes,
     open_backend,
@@ -63,6 +76,7 @@ from collapsecheck.runs.measuring import (
     measure,
     measure_early,
     measure_flow,
+    measure_prior,
     prompt_counts,
     score_traces,
 )
@@ -118,6 +132,8 @@ class Diagnosis:
     # "Sampling"); 1 where it is not known (a trainer's rollouts); None: the caller's
     # log-likelihood function applies its own (diagnose_batch)
     temperature: float | None = 1.0
+    # the baseline the reasoning is also scored under (SPEC "Scored under the start")
+    prior: PriorBaseline | None = None
 
 
 def rollouts_for(
@@ -164,6 +180,8 @@ def diagnose(
         scores, settings.analysis, not_measured, diagnosis.flow_thresholds.early_post_hoc
     )
     metrics.update(early_metrics)
+    prior_metrics, prior = measure_under_baseline(diagnosis, prepared, traces, scores)
+    metrics.update(prior_metrics)
     measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None
     why = explain(
         scores, traces, prepared, counts, measured_flow, rewards, settings, diagnosis.reward_source
@@ -173,6 +191,7 @@ def diagnose(
         verdict=decide(metrics, diagnosis.thresholds),
         flow=decide_flow(metrics, diagnosis.flow_thresholds, not_measured),
         early_answer=early,
+        prior=prior,
         thresholds=diagnosis.thresholds,
         flow_thresholds=diagnosis.flow_thresholds,
         settings={
@@ -195,6 +214,26 @@ def diagnose(
     else:
         report.evidence = evidence(scores, traces, prepared, measured_flow)
     return report
+
+
+def measure_under_baseline(
+    diagnosis: Diagnosis, prepared: Prepared, traces: Sequence[Trace], scores: CrossScores
+) -> tuple[dict[str, Any], PriorReading]:
+    """SPEC "Scored under the start": each scored row's reasoning under the baseline (loaded
+    here unless the caller holds it), at the scoring temperature. `prior_typicality` and the
+    reading wait for the baseline's own scan (`runs.join.read_against_start`)."""
+    baseline = diagnosis.prior
+    if baseline is None:
+        return not_measured_prior(), PriorReading(**NO_PRIOR)
+    with open_backend(baseline.checkpoint, baseline.loaded, diagnosis.settings) as model:
+        values = score_own_prompts(
+            model, traces, prepared.ids, diagnosis.progress, diagnosis.temperature or 1.0
+        )
+    if diagnosis.dump_dir is not None:
+        write_prior(diagnosis.dump_dir, values, scores)
+    metrics = {**measure_prior(scores, values, diagnosis.settings.analysis), TYPICALITY: math.nan}
+    name = str(baseline.checkpoint.path)
+    return metrics, PriorReading(NOT_MEASURED, AWAITING_START, name)
 
 
 @contextmanager
@@ -221,13 +260,16 @@ def scan(
     samples: str | Path | None = None,
     progress: ProgressHook = silent,
     loaded: Backend | None = None,
+    prior: PriorBaseline | None = None,
     **flags: Any,
 ) -> Report:
     """Diagnose one checkpoint on one prompt set (SPEC.md defines every number). How: the
     `settings`, or their flags by name (`k=8`, `device="cpu"`; an unknown name is an error).
     `loaded`: an already loaded backend (inside a training loop, say) instead of loading one.
     `samples`: a samples entry of the results cache (`runs.sampling`): the samples it keeps
-    for these prompts are read back, not drawn again, and those drawn now are added to it."""
+    for these prompts are read back, not drawn again, and those drawn now are added to it.
+    `prior`: the baseline the reasoning is also scored under (SPEC "Scored under the
+    start"; its tokenizer checked as `inputs.baseline.require_baseline` does)."""
     settings = checked(resolve_settings(settings, flags))
     started, started_at = time.perf_counter(), utc_now()
     prompt_path = Path(prompts)
@@ -262,7 +304,7 @@ def scan(
             diagnosis = Diagnosis(
                 settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
                 recorded, timing, dump_dir, progress, sampling_warnings(params), rewards,
-                reward_source, scoring_temperature(params.temperature),
+                reward_source, scoring_temperature(params.temperature), prior,
             )  # fmt: skip
             return diagnose(model, prepared, drawn, diagnosis)
 

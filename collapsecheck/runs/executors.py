@@ -10,10 +10,11 @@ from __future__ import annotations
 import socket
 import warnings
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from collapsecheck.engines.backends.base import Backend
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.report import Report
@@ -105,20 +106,31 @@ def run_here(
     advance = progress("run", len(plan.units)) if labelled else (lambda n: None)
     todo = set(plan.todo())
     reports = []
-    for group in plan.by_checkpoint():
-        fresh = [u for u in group if u in todo]
-        checkpoint = group[0].checkpoint
-        # a unit alone loads its own model (its load is timed in its report)
-        shared = len(fresh) > 1
-        with open_backend(checkpoint, None, plan.settings) if shared else nullcontext() as model:
-            for unit in group:
-                hook = for_step(progress, unit.label) if labelled else progress
-                reports.append(run_unit(
-                    unit, plan.settings, verdicts, rescan=unit in fresh, progress=hook,
-                    backend=model, parsed=plan.parsed,
-                ))  # fmt: skip
-                advance(1)
+    with held_baseline(plan, todo) as baseline:
+        for group in plan.by_checkpoint():
+            fresh = [u for u in group if u in todo]
+            checkpoint = group[0].checkpoint
+            # a unit alone loads its own model (its load is timed in its report)
+            shared = len(fresh) > 1
+            opened = open_backend(checkpoint, None, plan.settings) if shared else nullcontext()
+            with opened as model:
+                for unit in group:
+                    hook = for_step(progress, unit.label) if labelled else progress
+                    reports.append(run_unit(
+                        unit, plan.settings, verdicts, rescan=unit in fresh, progress=hook,
+                        backend=model, parsed=plan.parsed, baseline=baseline,
+                    ))  # fmt: skip
+                    advance(1)
     return reports
+
+
+def held_baseline(plan: ScanPlan, todo: set[WorkUnit]) -> AbstractContextManager[Backend | None]:
+    """The prior baseline of the units still to run (SPEC "Scored under the start"), loaded
+    once for all of them when more than one needs it; else nothing (a unit alone loads it)."""
+    needing = [u.prior for u in plan.units if u in todo and u.prior is not None]
+    if len(needing) < 2:
+        return nullcontext()
+    return open_backend(needing[0], None, plan.settings)
 
 
 def _ray() -> Any:

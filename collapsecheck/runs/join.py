@@ -10,8 +10,10 @@ from pathlib import Path
 
 from collapsecheck.inputs.training_logs import TrainingLog
 from collapsecheck.measures.findings import find, series_keys, step_windows
-from collapsecheck.measures.metrics import apply_run_ema
+from collapsecheck.measures.metrics import Estimate, apply_run_ema
 from collapsecheck.measures.onset import ONSET_METRIC, Onset, detect_onset
+from collapsecheck.measures.prior import BASELINE_ENTROPY, TYPICALITY, read_prior, typicality
+from collapsecheck.reports.dump import REPORT_FILE
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import Pairing, RunReport, RunStep
 from collapsecheck.runs.plan import ScanPlan
@@ -38,6 +40,8 @@ def join(plan: ScanPlan, reports: Sequence[Report], context: RunContext) -> RunR
         RunStep(unit.row, report, sampled_by=pairing_of(unit.traces))
         for unit, report in zip(plan.units, reports, strict=True)
     ]
+    if context.baseline and plan.sampled:
+        read_against_start([s.report for s in steps[1:]], steps[0].report)
     apply_run_ema([s.report.metrics for s in steps])
     run = RunReport(
         context.run_dir, steps, run_onset(steps), [*context.notes, *plan.notes],
@@ -48,6 +52,21 @@ def join(plan: ScanPlan, reports: Sequence[Report], context: RunContext) -> RunR
         baseline = context.baseline and plan.sampled
         beside_the_log(run, context.training_log, context.train_keys, baseline)
     return run
+
+
+def read_against_start(reports: Sequence[Report], start: Report) -> None:
+    """SPEC "Scored under the start": each report whose reasoning was scored under the
+    baseline gets its `prior_typicality` against `start`, the baseline's own scan of the
+    same prompts and settings, and its reading (saved again where its report.json is)."""
+    entropy = start.metrics.get(BASELINE_ENTROPY)
+    for report in reports:
+        if report.prior.baseline is None or not isinstance(entropy, Estimate):
+            continue
+        prior_seq = report.metrics["prior_logprob_seq"]
+        report.metrics[TYPICALITY] = typicality(prior_seq, entropy)
+        report.prior = read_prior(report.metrics, entropy, report.prior.baseline)
+        if report.dump_dir is not None:
+            report.save(report.dump_dir / REPORT_FILE)
 
 
 def pairing_of(traces: Traces) -> Pairing | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,15 @@ def checkpoint_notes(checkpoint: str | Path | Checkpoint) -> dict[str, str]:
     """The report's word on what was read, where it is not simply the folder named."""
     note = checkpoint.note if isinstance(checkpoint, Checkpoint) else None
     return {"checkpoint_note": note} if note else {}
+
+
+@dataclass(frozen=True)
+class PriorBaseline:
+    """The baseline a scan's reasoning is also scored under (SPEC "Scored under the start"):
+    its checkpoint, and the backend when the caller already loaded it (once for a run)."""
+
+    checkpoint: Checkpoint
+    loaded: Backend | None = None
 
 
 @contextmanager

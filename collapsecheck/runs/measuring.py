@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from collapsecheck.engines.backends.base import Backend
 from collapsecheck.engines.cross_scoring import CrossScores, cross_score
 from collapsecheck.engines.reasoning import (
@@ -30,6 +32,7 @@ from collapsecheck.measures.metrics import (
     compute_metrics,
     count_per_prompt,
 )
+from collapsecheck.measures.prior import PriorLogProbs, compute_prior
 from collapsecheck.progress import ProgressHook
 from collapsecheck.runs.preparation import Prepared
 from collapsecheck.runs.sampling import no_reasoning_hint
@@ -128,3 +131,16 @@ def measure(
         raise CollapsecheckError(
             f"{checkpoint}: no verdict: {err} (check the weights and --dtype)"
         ) from None
+
+
+def measure_prior(
+    scores: CrossScores, prior: np.ndarray, analysis: AnalysisSettings
+) -> dict[str, MetricValue]:
+    """SPEC "Scored under the start": `prior`, each scored row's reasoning under the
+    baseline, against the policy's own (the matrix's entry under the row's own prompt)."""
+    matrix = scores.matrix
+    own = matrix.sum[np.arange(len(matrix.row_prompt)), matrix.row_prompt]
+    logprobs = PriorLogProbs(
+        prior, own, scores.reasoning_tokens, matrix.row_prompt, matrix.num_prompts
+    )
+    return compute_prior(logprobs, resamples=analysis.bootstrap, seed=analysis.seed)

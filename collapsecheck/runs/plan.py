@@ -18,6 +18,7 @@ from collapsecheck.engines.reasoning import action_spec
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import writable
 from collapsecheck.formatting import plural, prompts_phrase
+from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.images import images_digest
 from collapsecheck.inputs.prompts import content_key, load_prompts
@@ -133,12 +134,13 @@ def cache_root(root: Path | None) -> Path:
 def plan_sampled(
     rows: Sequence[RunCheckpoint], prompts: Path, settings: Settings, *,
     cache: Path | None = None, cached: bool = True, dump: Path | None = None,
-    rescan: bool = False,
+    rescan: bool = False, prior: Checkpoint | None = None,
 ) -> ScanPlan:  # fmt: skip
     """Checkpoints sampled afresh from `prompts`, through the results cache (`cache`, else
     the default one) when `cached`; else one checkpoint writing its dump to `dump`, its
-    traces still kept in the cache's samples. Reads the prompt file and the cache; no
-    weights load."""
+    traces still kept in the cache's samples. `prior`: the baseline each row's reasoning is
+    also scored under, the baseline's own row excepted. Reads the prompt file and the cache;
+    no weights load."""
     listed = load_prompts(
         prompts, num_prompts=settings.sampling.num_prompts, field=settings.prompts.prompt_field
     )
@@ -148,13 +150,17 @@ def plan_sampled(
         settings.scoring.negatives_bound, has_flow(settings), rows=len(listed),
     )  # fmt: skip
     traces = SampledTraces(prompts, images_digest(listed))
+    priors = [None if prior is None or row.checkpoint == prior else prior for row in rows]
     if cached:
-        units = [cached_unit(row, traces, settings, cache_root(cache), rescan) for row in rows]
+        units = [
+            cached_unit(row, traces, settings, cache_root(cache), rescan, row_prior)
+            for row, row_prior in zip(rows, priors, strict=True)
+        ]
     else:
         units = [
             WorkUnit(row, traces, dump, samples=kept_samples(row, traces, settings, cache),
-                     resample=rescan)
-            for row in rows
+                     resample=rescan, prior=row_prior)
+            for row, row_prior in zip(rows, priors, strict=True)
         ]  # fmt: skip
     return ScanPlan(tuple(units), (cost,) * len(units), settings, rescan)
 

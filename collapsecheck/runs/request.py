@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.baseline import require_baseline
+from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint, find_checkpoints
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.outputs import check_keep_rollout_prompts, check_outputs, option_name
@@ -24,10 +26,10 @@ from collapsecheck.runs.executors import (
     run_on_ray,
     share_of,
 )
-from collapsecheck.runs.join import RunContext, join
+from collapsecheck.runs.join import RunContext, join, read_against_start
 from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
 from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
-from collapsecheck.runs.run import run_context, single_row
+from collapsecheck.runs.run import run_context, single_row, start_of
 from collapsecheck.runs.units import VerdictThresholds
 from collapsecheck.settings import OutputSettings, Settings
 
@@ -87,14 +89,35 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
     check_outputs(request.outputs, request.settings.rewards, request.prompts)
     outputs, settings = request.outputs, request.settings
     if not run:
-        plan = plan_sampled(
-            [single_row(single)], request.prompts, settings, cache=outputs.out,
-            cached=outputs.out is not None, dump=outputs.dump, rescan=request.rescan,
-        )  # fmt: skip
-        return Planned(plan, None, request.prompts, shard)
+        return Planned(plan_single(request, single), None, request.prompts, shard)
     rows, context = request_run(request, run, notes)
-    plan = plan_sampled(rows, request.prompts, settings, cache=outputs.out, rescan=request.rescan)
+    plan = plan_sampled(
+        rows, request.prompts, settings, cache=outputs.out, rescan=request.rescan,
+        prior=start_of(rows, context),
+    )  # fmt: skip
     return Planned(plan, context, request.prompts, shard)
+
+
+def plan_single(request: ScanRequest, checkpoint: Checkpoint) -> ScanPlan:
+    """One checkpoint; with --baseline, after the baseline's own scan (through the results
+    cache), which its reasoning scored under the baseline is read against (SPEC "Scored
+    under the start")."""
+    outputs, settings, prompts = request.outputs, request.settings, request.prompts
+    prior = None
+    if request.baseline is not None:
+        load = settings.load
+        prior = require_baseline(
+            request.baseline, [checkpoint], load.base_model, load.trust_remote_code
+        )
+    plan = plan_sampled(
+        [single_row(checkpoint)], prompts, settings, cache=outputs.out,
+        cached=outputs.out is not None, dump=outputs.dump, rescan=request.rescan, prior=prior,
+    )  # fmt: skip
+    if prior is None:
+        return plan
+    start = plan_sampled([RunCheckpoint("baseline", 0, prior)], prompts, settings,
+                         cache=outputs.out, rescan=request.rescan)  # fmt: skip
+    return replace(plan, units=start.units + plan.units, costs=start.costs + plan.costs)
 
 
 def request_run(
@@ -136,10 +159,9 @@ def check_combinations(request: ScanRequest, is_run: bool) -> None:
         )
     if outputs.plot is not None and not is_run:
         raise CollapsecheckError(f"--plot draws a run: {target} is a single checkpoint")
-    named_log = isinstance(request.training_log, Path)
-    if not is_run and (request.baseline is not None or named_log):
+    if not is_run and isinstance(request.training_log, Path):
         raise CollapsecheckError(
-            f"--baseline and --train-log go with a run directory, not one checkpoint: {target}"
+            f"--train-log goes with a run directory, not one checkpoint: {target}"
         )
     if request.ray is not None and not is_run:
         raise CollapsecheckError(f"--ray spreads a run directory: {target} is one checkpoint")
@@ -237,5 +259,7 @@ def carry_out(
         plan = replace(plan, rescan=False)  # the tasks just ran; the join reads what they wrote
     reports = run_here(plan, request.verdicts, progress, labelled=planned.run is not None)
     if planned.run is None:
-        return Outcome(planned, reports[0])
+        if len(reports) > 1:  # the baseline's own scan, then the checkpoint's
+            read_against_start(reports[1:], reports[0])
+        return Outcome(planned, reports[-1])
     return Outcome(planned, join(plan, reports, planned.run))

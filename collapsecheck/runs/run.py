@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from collapsecheck.inputs.baseline import require_baseline
 from collapsecheck.inputs.checkpoint import Checkpoint, require_checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint, require_run
 from collapsecheck.inputs.training_logs import TrainingLog, find_log, read_log
@@ -76,12 +77,21 @@ def with_baseline(
     checkpoints: Sequence[RunCheckpoint], baseline: str | Path | Checkpoint | None,
     settings: Settings,
 ) -> list[RunCheckpoint]:  # fmt: skip
-    """The run's checkpoints, after the starting model as step 0 when there is one."""
+    """The run's checkpoints, after the starting model as step 0 when there is one (checked
+    as `inputs.baseline.require_baseline` does, against each of them)."""
     if baseline is None:
         return list(checkpoints)
-    if not isinstance(baseline, Checkpoint):
-        baseline = require_checkpoint(baseline, settings.load.base_model)
-    return [RunCheckpoint("baseline", 0, baseline), *checkpoints]
+    load = settings.load
+    start = require_baseline(
+        baseline, [c.checkpoint for c in checkpoints], load.base_model, load.trust_remote_code
+    )
+    return [RunCheckpoint("baseline", 0, start), *checkpoints]
+
+
+def start_of(rows: Sequence[RunCheckpoint], context: RunContext) -> Checkpoint | None:
+    """The baseline every other row's reasoning is scored under (SPEC "Scored under the
+    start"): the run's step 0 when --baseline named one."""
+    return rows[0].checkpoint if context.baseline else None
 
 
 def run_context(
@@ -135,7 +145,9 @@ def scan_run(
         run_dir, settings, checkpoints, notes, training_log, train_keys, baseline
     )
     root = Path(cache_root) if cache_root is not None else None
-    plan = plan_sampled(rows, Path(prompts), settings, cache=root, rescan=rescan)
+    plan = plan_sampled(
+        rows, Path(prompts), settings, cache=root, rescan=rescan, prior=start_of(rows, context)
+    )
     reports = run_here(plan, VerdictThresholds.of(thresholds, flow_thresholds), progress)
     return join(plan, reports, context)
 

@@ -22,8 +22,9 @@ from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import REPORT_FILE
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import Pairing
-from collapsecheck.runs.cache import cache_entry, samples_entry
+from collapsecheck.runs.cache import cache_entry, checkpoint_fingerprint, samples_entry
 from collapsecheck.runs.diagnose import scan, score
+from collapsecheck.runs.loading import PriorBaseline
 from collapsecheck.runs.sampling import SampleStore
 from collapsecheck.settings import Settings
 
@@ -96,7 +97,8 @@ class WorkUnit:
     dump goes; `cached`: whether that is a results-cache entry (read back once it holds a
     report); `samples`: the samples entry its sampled traces are kept in and read back from
     (`runs.sampling`), None where nothing is sampled or nothing is cached; `resample`: its
-    kept samples are forgotten and drawn afresh (--rescan)."""
+    kept samples are forgotten and drawn afresh (--rescan); `prior`: the baseline its
+    reasoning is also scored under (SPEC "Scored under the start"), None for none."""
 
     row: RunCheckpoint
     traces: Traces
@@ -104,6 +106,7 @@ class WorkUnit:
     cached: bool = False
     samples: Path | None = None
     resample: bool = False
+    prior: Checkpoint | None = None
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -136,16 +139,20 @@ def made_before_its_rules(report: Path) -> bool:
 
 
 def cached_unit(
-    row: RunCheckpoint, traces: Traces, settings: Settings, root: Path, resample: bool = False
-) -> WorkUnit:
+    row: RunCheckpoint, traces: Traces, settings: Settings, root: Path, resample: bool = False,
+    prior: Checkpoint | None = None,
+) -> WorkUnit:  # fmt: skip
     """A unit whose dump is its entry in the results cache under `root` (and, for sampled
-    traces, its samples entry there too)."""
+    traces, its samples entry there too), keyed by the baseline's content where it has one."""
     source, key = traces.cache_key(settings)
+    if prior is not None:
+        key["prior_baseline_sha256"] = checkpoint_fingerprint(prior)
     entry = cache_entry(root, row.checkpoint, source, key)
     samples = None
     if isinstance(traces, SampledTraces):
         samples = traces.samples_entry(root, row.checkpoint, settings)
-    return WorkUnit(row, traces, entry, cached=True, samples=samples, resample=resample)
+    return WorkUnit(row, traces, entry, cached=True, samples=samples, resample=resample,
+                    prior=prior)  # fmt: skip
 
 
 def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds) -> Report:
@@ -171,11 +178,12 @@ def for_step(progress: ProgressHook, label: str) -> ProgressHook:
 def run_unit(
     unit: WorkUnit, settings: Settings, verdicts: VerdictThresholds, *, rescan: bool = False,
     progress: ProgressHook = silent, backend: Backend | None = None,
-    parsed: Mapping[Path, ParsedRollouts] | None = None,
+    parsed: Mapping[Path, ParsedRollouts] | None = None, baseline: Backend | None = None,
 ) -> Report:  # fmt: skip
     """The unit's report: read from its finished cache entry (unless `rescan`), else made:
     sampled and scored (`diagnose.scan`), or its rollouts scored (`diagnose.score`).
-    `backend`: the checkpoint already loaded; `parsed`: rollout files already read."""
+    `backend`: the checkpoint already loaded; `parsed`: rollout files already read;
+    `baseline`: the unit's prior baseline already loaded."""
     if unit.finished() and not rescan:
         return load_cached(unit.dump, unit.checkpoint, verdicts)
     if unit.resample and unit.samples is not None:
@@ -185,7 +193,11 @@ def run_unit(
         "progress": progress, "loaded": backend,
     }  # fmt: skip
     if isinstance(unit.traces, SampledTraces):
-        return scan(unit.checkpoint, unit.traces.prompts, settings, samples=unit.samples, **common)
+        prior = PriorBaseline(unit.prior, baseline) if unit.prior is not None else None
+        return scan(
+            unit.checkpoint, unit.traces.prompts, settings, samples=unit.samples, prior=prior,
+            **common,
+        )  # fmt: skip
     traces = unit.traces
     return score(
         unit.checkpoint, traces.path, settings, rollout_options=traces.options,

@@ -417,7 +417,7 @@ Baseline = Annotated[
     typer.Option(
         help="The policy the run started from: scanned as step 0 of a run (or beside one "
         "checkpoint), and each checkpoint's reasoning also scored under it (SPEC \"Scored "
-        "under the start\")."
+        'under the start").'
     ),
 ]
 
@@ -546,7 +546,13 @@ Verbose = Annotated[
     ),
 ]  # fmt: skip
 
-A = Annotated[Path, typer.Argument(help="Checkpoint A (the baseline), or its report.json.")]
+A = Annotated[
+    Path,
+    typer.Argument(
+        help="Checkpoint A (the baseline; a checkpoint B is also scored under it), or its "
+        "report.json."
+    ),
+]
 
 B = Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")]
 
@@ -792,10 +798,11 @@ def score_notes(report: Any) -> list[str]:
 
 def obtain_report(
     path: Path, prompts: Path | None, settings: Settings, gate: Any, cache: Path,
-    rescan: bool, progress: Any,
+    rescan: bool, progress: Any, prior: Any = None,
 ) -> Any:  # fmt: skip
     """A saved report (a report.json, or a dump directory), else a cached scan of the
-    checkpoint at `path`."""
+    checkpoint at `path` (with its reasoning also scored under `prior`, a checkpoint)."""
+    from collapsecheck.inputs.baseline import require_baseline
     from collapsecheck.inputs.discovery import find_checkpoints
     from collapsecheck.reports.dump import REPORT_FILE
     from collapsecheck.reports.report import Report
@@ -810,10 +817,25 @@ def obtain_report(
         raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
     if prompts is None:
         raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
+    if prior is not None:
+        load = settings.load
+        prior = require_baseline(prior, [single], load.base_model, load.trust_remote_code)
     return cached_scan(
         single, prompts, settings, cache_root=cache, rescan=rescan,
         thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, progress=progress,
+        prior=prior,
     )  # fmt: skip
+
+
+def checkpoint_at(path: Path, settings: Settings) -> Any:
+    """The checkpoint at `path`, None where it is a saved report (compare's A or B)."""
+    from collapsecheck.inputs.discovery import find_checkpoints
+    from collapsecheck.reports.dump import REPORT_FILE
+
+    if path.is_file() or ((path / REPORT_FILE).is_file() and not (path / "config.json").exists()):
+        return None
+    single, _ = find_checkpoints(path, settings.load.base_model)
+    return single
 
 
 @app.command()
@@ -843,6 +865,7 @@ def compare(
     from collapsecheck.reports.gate import RuleResult
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.runs.cache import default_cache_root
+    from collapsecheck.runs.join import read_against_start
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
@@ -850,10 +873,11 @@ def compare(
         check_outputs(outputs)
         cache = outputs.out or default_cache_root()
         with progress_bars(stderr) as progress:
-            first, second = (
-                obtain_report(path, prompts, settings, gate, cache, rescan, progress)
-                for path in (a, b)
-            )
+            first = obtain_report(a, prompts, settings, gate, cache, rescan, progress)
+            start = checkpoint_at(a, settings)  # B's reasoning is also scored under A
+            second = obtain_report(b, prompts, settings, gate, cache, rescan, progress, start)
+        if second.prior.baseline is not None:
+            read_against_start([second], first)
         comparison = compare_reports(
             first, second, max_drop=gate.max_drop, resamples=analysis.bootstrap,
             seed=analysis.seed, allow_mismatch=allow_mismatch,

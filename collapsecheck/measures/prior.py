@@ -23,6 +23,7 @@ from collapsecheck.measures.metrics import (
 
 PRIOR_KEYS = ("prior_logprob", "prior_logprob_seq", "prior_kl", "prior_kl_seq")
 TYPICALITY = "prior_typicality"
+PRIOR_METRICS = (*PRIOR_KEYS, TYPICALITY)
 BASELINE_ENTROPY = "conditional_entropy_seq_est"  # the baseline's own, from its scan
 START_MODE, LEARNED, START_TYPICAL = "start_mode", "learned_template", "start_typical"
 NOT_MEASURED = "not_measured"
@@ -70,7 +71,7 @@ def compute_prior(logprobs: PriorLogProbs, *, resamples: int, seed: int) -> dict
 
 
 def not_measured_prior() -> dict[str, MetricValue]:
-    return {key: math.nan for key in (*PRIOR_KEYS, TYPICALITY)}
+    return {key: math.nan for key in PRIOR_METRICS}
 
 
 def typicality(prior_seq: Estimate, baseline_entropy: Estimate) -> Estimate:

@@ -25,6 +25,7 @@ from collapsecheck.measures.metrics import (
     paired_differences,
     point_value,
 )
+from collapsecheck.measures.prior import PRIOR_METRICS
 from collapsecheck.measures.verdict import DEPENDENCE_KEYS
 from collapsecheck.reports.dump import (
     MATRIX_FILE,
@@ -99,6 +100,15 @@ class Comparison:
                 "verdict": self.b.verdict.to_dict(),
             },
             "paired": self.paired,
+            # SPEC "Scored under the start": B's reasoning under A, where B was scanned so
+            "b_under_a": {
+                **self.b.prior.to_dict(),
+                **{
+                    k: metric_to_json(self.b.metrics[k])
+                    for k in PRIOR_METRICS
+                    if k in self.b.metrics
+                },
+            },  # fmt: skip
             "max_drop": self.max_drop,
             "lost_input_dependence": self.lost,
             "reason": self.reason,
@@ -112,6 +122,12 @@ class Comparison:
                 for key, delta in self.deltas.items()
             },
         }
+
+    def b_under_a(self) -> dict[str, Any]:
+        """SPEC "Scored under the start": B's reasoning under A, where B was scanned so."""
+        metrics = self.b.metrics
+        values = {k: metric_to_json(metrics[k]) for k in PRIOR_METRICS if k in metrics}
+        return {**self.b.prior.to_dict(), **values}
 
     def metric(self, which: str, key: str) -> Any:
         """A's or B's value of a compared key: a metric, or a key of the snr section."""

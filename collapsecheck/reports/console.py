@@ -457,6 +457,9 @@ def print_run(console: Console, run: RunReport) -> None:
     )
     console.print(Text(f"{which}:", style="bold"))
     print_decisions(console, latest.report)
+    prior = prior_line(latest.report)
+    if prior is not None:
+        console.print(prior)
 
 
 def print_comparison(console: Console, comparison: Comparison) -> None:
@@ -487,3 +490,6 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     console.print(
         Text(comparison.reason, style=COLLAPSE_STYLE if comparison.lost else "bold green")
     )
+    under_a = prior_line(comparison.b)
+    if under_a is not None:
+        console.print(Text("B under A, ", style="bold") + under_a)

@@ -13,7 +13,7 @@ from collapsecheck.config import GateConfig
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
 from collapsecheck.formatting import format_metric, format_number
-from collapsecheck.measures.metrics import Estimate
+from collapsecheck.measures.metrics import Estimate, point_value
 from collapsecheck.measures.verdict import INCONCLUSIVE
 from collapsecheck.reports.report import KEY_METRICS, Report
 from collapsecheck.reports.run_report import RunReport
@@ -103,11 +103,33 @@ def _cell(report: Report, key: str) -> str:
     return format_metric(key, float(metric))
 
 
+def where_from(report: Report) -> list[str]:
+    """SPEC "Scored under the start" in the summary, where it was read."""
+    prior = report.prior
+    if prior.regime == "not_measured":
+        return []
+    return [f"**Where from: `{prior.regime}`** (under {prior.baseline}): {prior.reason}", ""]
+
+
+def start_cell(report: Report) -> str:
+    """A run table's "from the start" cell (SPEC "Scored under the start"): the reading,
+    typicality and the KL estimate; "start" for the baseline's own row."""
+    if report.prior.baseline is None:
+        return "start"
+    typical, kl = (report.metrics.get(k) for k in ("prior_typicality", "prior_kl_seq"))
+    return (
+        f"`{report.prior.regime}` {format_number(point_value(typical))}, "
+        f"{format_number(point_value(kl))}"
+    )
+
+
 def markdown_run(run: RunReport) -> list[str]:
     """The run's table and onset, in Markdown."""
     logged = run.logged_series
     header = ["step", "normalized MI", "retrieval skill", "H(Z\\|X) nats/token", "regime", "flow"]
     header.append("early answer")
+    if run.scored_under_start:
+        header.append("from the start: typicality, KL nats/trace")
     header += [f"{name} (log)" for name in logged]
     lines = [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
     for step in run.steps:
@@ -115,6 +137,8 @@ def markdown_run(run: RunReport) -> list[str]:
         cells = [_cell(report, key) for key in RUN_KEYS]
         cells += [f"`{report.verdict.label}`", f"`{report.flow.regime}`"]
         cells.append(f"`{report.early_answer.regime}`")
+        if run.scored_under_start:
+            cells.append(start_cell(report))
         windows = [step.training_log.get(name) for name in logged]
         cells += ["-" if w is None else format_number(w.mean) for w in windows]
         lines.append(f"| {step.checkpoint.label} | {' | '.join(cells)} |")
@@ -156,6 +180,7 @@ def markdown_report(
         "",
         f"**Early answer: `{report.early_answer.regime}`**: {report.early_answer.reason}",
         "",
+        *where_from(report),
         "| metric | value [95% interval] |",
         "|---|---|",
         *(f"| `{key}` | {_cell(report, key)} |" for key in KEY_METRICS),

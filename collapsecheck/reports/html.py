@@ -24,7 +24,7 @@ from rich.table import Table
 from collapsecheck.files import write_text_atomic
 from collapsecheck.formatting import format_number
 from collapsecheck.measures.flow import NOT_MEASURED, flow_rows
-from collapsecheck.measures.metrics import matched_and_marginal
+from collapsecheck.measures.metrics import Estimate, matched_and_marginal
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.reports.compare import Comparison
 from collapsecheck.reports.console import print_comparison, print_report, print_run, run_table
@@ -116,10 +116,16 @@ def verdict_banner(report: Report) -> str:
         if early.regime != NOT_MEASURED
         else ""
     )
+    prior = report.prior
+    prior_line = (
+        f"<br>where from: <b>{escape(prior.regime.replace('_', ' '))}</b> — {escape(prior.reason)}"
+        if prior.regime != NOT_MEASURED
+        else ""
+    )
     return (
         f'<div class="verdict {escape(verdict.regime)}">verdict: '
         f"<b>{escape(verdict.label.replace('_', ' '))}</b> — "
-        f"{escape(verdict.reason)}{flow_line}{early_line}</div>"
+        f"{escape(verdict.reason)}{flow_line}{early_line}{prior_line}</div>"
     )
 
 
@@ -378,6 +384,50 @@ def step_strip(run: RunReport) -> str:
     )  # fmt: skip
 
 
+START_CAPTION = (
+    "Each step's reasoning scored under the policy the run started from (--baseline). "
+    "log p under the start: how probable the start finds it, per trace; typicality: that "
+    "minus the start's own traces' mean (above 0: more probable than the start's own text, "
+    "a mode of its prior; far below: text it would not write); KL: what a KL penalty to the "
+    "start charges for it, per trace. 95% intervals over prompts."
+)
+
+
+def start_section(run: RunReport) -> str:
+    """SPEC "Scored under the start" along the run: how far the reasoning moved from the
+    start, and whether toward the start's own modes ("" where no step was scored so)."""
+    if not run.scored_under_start:
+        return ""
+    rows = []
+    for step in run.steps:
+        report = step.report
+        cells = [escape(step.checkpoint.label)]
+        if report.prior.baseline is None:
+            cells += ["the start"] + ["-"] * 3
+        else:
+            cells.append(escape(report.prior.regime.replace("_", " ")))
+            cells += [estimate_cell(report.metrics.get(key)) for key in START_KEYS]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("step", "reading", "log p under the start", "typicality", "KL from the start")
+    )
+    return (
+        "<h2>From the start along the run</h2>" + note(START_CAPTION)
+        + f'<table class="start"><tr>{head}</tr>{"".join(rows)}</table>'
+    )  # fmt: skip
+
+
+START_KEYS = ("prior_logprob_seq", "prior_typicality", "prior_kl_seq")
+
+
+def estimate_cell(metric: Any) -> str:
+    if not isinstance(metric, Estimate):
+        return "-" if metric is None else escape(format_number(float(metric)))
+    return escape(f"{format_number(metric.value)} [{format_number(metric.low)}, "
+                  f"{format_number(metric.high)}]")  # fmt: skip
+
+
 def run_page(run: RunReport, title: str) -> str:
     from collapsecheck.reports.plot import run_figure
 
@@ -390,6 +440,7 @@ def run_page(run: RunReport, title: str) -> str:
             [(s.checkpoint.label, s.report.early_answer) for s in run.steps],
             "Early answering along the run",
         ),
+        start_section(run),
         console_fragment(lambda c: print_run(c, run), width_of(run_table(run))),
         f"<h2>Latest: {escape(latest.checkpoint.label)}</h2>",
         report_body(latest.report),

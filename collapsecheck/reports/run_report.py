@@ -15,6 +15,7 @@ from collapsecheck.measures.findings import Finding, Window, shown_series
 from collapsecheck.measures.flow import SHARE_KEYS as FLOW_SHARES
 from collapsecheck.measures.metrics import point_value
 from collapsecheck.measures.onset import Onset
+from collapsecheck.measures.prior import PRIOR_METRICS
 from collapsecheck.reports.report import KEY_METRICS, Report
 
 RUN_FORMAT = 1
@@ -122,6 +123,12 @@ class RunReport:
             ],
         }
 
+    @property
+    def scored_under_start(self) -> bool:
+        """Whether any step's reasoning was scored under the baseline (SPEC "Scored under
+        the start")."""
+        return any(s.report.prior.baseline is not None for s in self.steps)
+
     def to_frame(self) -> Any:
         """One row per checkpoint: key metrics, the run-smoothed z-scores and the regime."""
         import pandas as pd
@@ -137,6 +144,8 @@ class RunReport:
             row.update({key: point_value(metrics[key]) for key in FLOW_SHARES if key in metrics})
             row["early_answer"] = step.report.early_answer.regime
             row.update({key: point_value(metrics[key]) for key in EARLY_KEYS if key in metrics})
+            row["prior"] = step.report.prior.regime
+            row.update({key: point_value(metrics[key]) for key in PRIOR_METRICS if key in metrics})
             rows.append(row)
         return pd.DataFrame(rows).set_index("step")
 

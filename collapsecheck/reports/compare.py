@@ -101,14 +101,7 @@ class Comparison:
             },
             "paired": self.paired,
             # SPEC "Scored under the start": B's reasoning under A, where B was scanned so
-            "b_under_a": {
-                **self.b.prior.to_dict(),
-                **{
-                    k: metric_to_json(self.b.metrics[k])
-                    for k in PRIOR_METRICS
-                    if k in self.b.metrics
-                },
-            },  # fmt: skip
+            "b_under_a": self.b_under_a(),
             "max_drop": self.max_drop,
             "lost_input_dependence": self.lost,
             "reason": self.reason,

@@ -661,6 +661,7 @@ def watch(
     train_log: TrainLog = None,
     no_train_log: NoTrainLog = False,
     train_key: TrainKey = None,
+    baseline: Baseline = None,
     tensorboard: TensorBoard = None,
     wandb: WandbRun = None,
     verbose: Verbose = False,
@@ -686,6 +687,7 @@ def watch(
                 following, gate, verdict_thresholds(gate), outputs.out, say, progress,
                 after_step, training_log=False if no_train_log else (train_log or True),
                 train_keys=parse_train_keys(train_key or []),
+                baseline=start_policy(baseline, load),
             )  # fmt: skip
             try:
                 code = watcher.follow()
@@ -695,6 +697,16 @@ def watch(
         if watcher.followed.done:
             print_watched(watcher.run_report(), outputs, verbose)
     raise typer.Exit(code)
+
+
+def start_policy(baseline: Path | None, load: LoadSettings) -> Any:
+    """watch's --baseline, checked before the run has a checkpoint (each step's tokenizer is
+    checked against it as the step lands)."""
+    from collapsecheck.inputs.baseline import require_baseline
+
+    if baseline is None:
+        return None
+    return require_baseline(baseline, [], load.base_model, load.trust_remote_code)
 
 
 def step_outputs(run_dir: Path, outputs: OutputSettings, boards: list[Any]) -> Any:

@@ -22,7 +22,8 @@ from pathlib import Path
 from collapsecheck.config import GateConfig
 from collapsecheck.errors import CollapsecheckError, DirectoryBusy
 from collapsecheck.formatting import format_number
-from collapsecheck.inputs.checkpoint import detect_checkpoint
+from collapsecheck.inputs.baseline import require_baseline
+from collapsecheck.inputs.checkpoint import Checkpoint, detect_checkpoint
 from collapsecheck.inputs.completeness import Completeness, weights_present, written_at
 from collapsecheck.inputs.discovery import RunCheckpoint, step_number
 from collapsecheck.progress import ProgressHook, silent
@@ -31,7 +32,7 @@ from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import RunReport
 from collapsecheck.runs.executors import run_here
 from collapsecheck.runs.explanation import reward_function
-from collapsecheck.runs.join import join, pairing_of
+from collapsecheck.runs.join import join, pairing_of, read_against_start
 from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
 from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
 from collapsecheck.runs.preparation import read_prompt_set
@@ -108,7 +109,7 @@ class SampledFrom:
         reward_function(settings)
 
     def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
-        return plan_units(rows, self.prompts, watch.settings, watch.cache)
+        return plan_units(rows, self.prompts, watch.settings, watch.cache, watch.baseline)
 
     def left_out(self, watch: Watch) -> list[str]:
         """Folders with weights that their writer's rule never called complete (still
@@ -198,13 +199,23 @@ def step_folders(run_dir: Path) -> list[Path]:
 
 
 def plan_units(
-    rows: list[RunCheckpoint], prompts: Path, settings: Settings, cache: Path | None
-) -> list[WorkUnit]:
+    rows: list[RunCheckpoint], prompts: Path, settings: Settings, cache: Path | None,
+    baseline: Checkpoint | None = None,
+) -> list[WorkUnit]:  # fmt: skip
     """One unit per ready row through the results cache, planned together (the prompt file
-    read once a look); none this look where a folder vanished while planned: the next look
-    names it (`Followed.notice_deleted`) and plans the others."""
+    read once a look), each row's reasoning also scored under `baseline` (its tokenizer
+    checked against each row's); none this look where a folder vanished while planned: the
+    next look names it (`Followed.notice_deleted`) and plans the others."""
+    if not rows:
+        return []
     try:
-        return list(plan_sampled(rows, prompts, settings, cache=cache).units) if rows else []
+        if baseline is not None:
+            load = settings.load
+            checkpoints = [row.checkpoint for row in rows]
+            require_baseline(baseline, checkpoints, load.base_model, load.trust_remote_code)
+        return list(plan_sampled(rows, prompts, settings, cache=cache, prior=baseline).units)
+    except CollapsecheckError:
+        raise
     except Exception:  # whatever reading a vanished folder raises
         if all(row.checkpoint.path.exists() for row in rows):
             raise
@@ -229,9 +240,15 @@ def step_line(report: Report, unit: WorkUnit, written: float) -> str:
         f"{format_number(report.value('normalized_mi'))}, retrieval skill "
         f"{format_number(report.value('retrieval_skill'))}, flow "
         f"{report.flow.regime.replace('_', ' ')}, early answer "
-        f"{report.early_answer.short(report.metrics)} ({scored}written {at}, diagnosed "
-        f"{lag:.0f} s later)"
+        f"{report.early_answer.short(report.metrics)}{start_words(report)} ({scored}written "
+        f"{at}, diagnosed {lag:.0f} s later)"
     )
+
+
+def start_words(report: Report) -> str:
+    """ ", from the start: start mode" where the step was read under the start."""
+    regime = report.prior.regime
+    return "" if regime == "not_measured" else f", from the start: {regime.replace('_', ' ')}"
 
 
 def run_on_fail(command: str, row: RunCheckpoint, failed: list[RuleResult], say: Say) -> None:
@@ -266,10 +283,16 @@ class Watch:
     # the trainer's log as `scan RUN` takes it: found by itself, a file, or False for none
     training_log: Path | bool = True
     train_keys: Mapping[str, str] = field(default_factory=dict)
+    # the policy the run started from (SPEC "Scored under the start"): scanned first as step
+    # 0, each step's reasoning also scored under it; its own report once scanned
+    baseline: Checkpoint | None = None
+    start: Report | None = None
 
     def follow(self) -> int:
         """Diagnose each step as it lands until the run ends; the exit code."""
         self.traces.check(self.settings)
+        if self.baseline is not None:
+            self.scan_start()
         completeness = Completeness(self.watch.settle)
         last_news = time.monotonic()
         if not self.run_dir.is_dir():
@@ -297,6 +320,27 @@ class Watch:
                 return code
             last_news = time.monotonic()  # --idle counts from the end of the last diagnosis
 
+    def scan_start(self) -> None:
+        """The baseline's own scan of the watch's prompts (through the results cache), step 0
+        of the run: what each step's reasoning under it is read against."""
+        if not isinstance(self.traces, SampledFrom):
+            raise CollapsecheckError(
+                "--baseline goes with -p when watching: the trainer's rollouts are not scored "
+                "under the start"
+            )
+        row = RunCheckpoint("baseline", 0, self.baseline)
+        (unit,) = plan_units([row], self.traces.prompts, self.settings, self.cache)
+        (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
+                             self.progress, labelled=True)  # fmt: skip
+        self.start = report
+        self.followed.done[unit_key(unit)] = (unit, report)
+        self.say(f"step 0 (the start, {self.baseline.path}): {report.verdict.label}; each "
+                 "step's reasoning is also scored under it")  # fmt: skip
+
+    def read_against_start(self, report: Report) -> None:
+        if self.start is not None:
+            read_against_start([report], self.start)
+
     def say_left_out(self) -> None:
         """At the end, what was not diagnosed is named, not silently left out."""
         for line in self.traces.left_out(self):
@@ -321,6 +365,7 @@ class Watch:
             if unit_key(unit) not in self.followed.done and unit.finished():
                 (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
                                      labelled=False)  # fmt: skip
+                self.read_against_start(report)
                 self.followed.done[unit_key(unit)] = (unit, report)
                 self.say(f"step {unit.label}: {report.verdict.label}, from the results cache")
                 self.after_step(self.run_report(), unit.row, report)
@@ -352,6 +397,7 @@ class Watch:
                 raise
             deleted(unit.row, self.followed, self.say)
             return None
+        self.read_against_start(report)
         self.followed.done[unit_key(unit)] = (unit, report)
         self.say(step_line(report, unit, written))
         self.after_step(self.run_report(), unit.row, report)

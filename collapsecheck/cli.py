@@ -814,7 +814,6 @@ def obtain_report(
 ) -> Any:  # fmt: skip
     """A saved report (a report.json, or a dump directory), else a cached scan of the
     checkpoint at `path` (with its reasoning also scored under `prior`, a checkpoint)."""
-    from collapsecheck.inputs.baseline import require_baseline
     from collapsecheck.inputs.discovery import find_checkpoints
     from collapsecheck.reports.dump import REPORT_FILE
     from collapsecheck.reports.report import Report
@@ -829,9 +828,6 @@ def obtain_report(
         raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
     if prompts is None:
         raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
-    if prior is not None:
-        load = settings.load
-        prior = require_baseline(prior, [single], load.base_model, load.trust_remote_code)
     return cached_scan(
         single, prompts, settings, cache_root=cache, rescan=rescan,
         thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, progress=progress,

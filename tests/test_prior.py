@@ -185,9 +185,9 @@ def test_compare_reads_b_under_a(tmp_path):
     result = invoke("compare", START, COLLAPSED, *SCAN[:8], "--no-gate",
                     "--json", tmp_path / "c.json", "--out", tmp_path)  # fmt: skip
     assert result.exit_code == 0, result.output
-    under_a = json.loads((tmp_path / "c.json").read_text())["b_under_a"]
+    under_a = json.loads((tmp_path / "c.json").read_text())["b_prior"]
     assert under_a["regime"] == LEARNED and under_a["baseline"] == str(START)
-    assert "B under A, where from: learned template" in said(result)
+    assert f"B under {START}, where from: learned template" in said(result)
 
 
 def test_watch_scans_the_start_first_and_reads_each_step_under_it(tmp_path):

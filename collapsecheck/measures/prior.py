@@ -70,10 +70,6 @@ def compute_prior(logprobs: PriorLogProbs, *, resamples: int, seed: int) -> dict
     return out
 
 
-def not_measured_prior() -> dict[str, MetricValue]:
-    return {key: math.nan for key in PRIOR_METRICS}
-
-
 def typicality(prior_seq: Estimate, baseline_entropy: Estimate) -> Estimate:
     """`prior_typicality` = prior_logprob_seq - (-H_B), H_B the baseline's own
     conditional_entropy_seq_est on the same prompts. The two come from independent samples

@@ -100,8 +100,9 @@ class Comparison:
                 "verdict": self.b.verdict.to_dict(),
             },
             "paired": self.paired,
-            # SPEC "Scored under the start": B's reasoning under A, where B was scanned so
-            "b_under_a": self.b_under_a(),
+            # SPEC "Scored under the start": B's reasoning under its start (A, where compare
+            # scanned B), with the start's path
+            "b_prior": self.b_prior(),
             "max_drop": self.max_drop,
             "lost_input_dependence": self.lost,
             "reason": self.reason,
@@ -116,8 +117,8 @@ class Comparison:
             },
         }
 
-    def b_under_a(self) -> dict[str, Any]:
-        """SPEC "Scored under the start": B's reasoning under A, where B was scanned so."""
+    def b_prior(self) -> dict[str, Any]:
+        """SPEC "Scored under the start": B's reasoning under its start, where it was read."""
         metrics = self.b.metrics
         values = {k: metric_to_json(metrics[k]) for k in PRIOR_METRICS if k in metrics}
         return {**self.b.prior.to_dict(), **values}

@@ -490,6 +490,6 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     console.print(
         Text(comparison.reason, style=COLLAPSE_STYLE if comparison.lost else "bold green")
     )
-    under_a = prior_line(comparison.b)
-    if under_a is not None:
-        console.print(Text("B under A, ", style="bold") + under_a)
+    under_start = prior_line(comparison.b)
+    if under_start is not None:
+        console.print(Text(f"B under {comparison.b.prior.baseline}, ", style="bold") + under_start)

@@ -51,7 +51,6 @@ from collapsecheck.measures.prior import (
     NOT_MEASURED,
     TYPICALITY,
     PriorReading,
-    not_measured_prior,
 )
 from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
@@ -180,7 +179,7 @@ def diagnose(
         scores, settings.analysis, not_measured, diagnosis.flow_thresholds.early_post_hoc
     )
     metrics.update(early_metrics)
-    prior_metrics, prior = measure_under_baseline(diagnosis, prepared, traces, scores)
+    prior_metrics, prior, prior_timing = measure_under_baseline(diagnosis, prepared, traces, scores)
     metrics.update(prior_metrics)
     measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None
     why = explain(
@@ -200,7 +199,7 @@ def diagnose(
         },
         counts=trace_counts(prepared, traces, scores),
         examples=example_traces(traces, prepared),
-        timing={**diagnosis.timing, **scoring_timing(scores, scoring_s)},
+        timing={**diagnosis.timing, **scoring_timing(scores, scoring_s), **prior_timing},
         warnings=list(diagnosis.warnings),
         snr=why.snr,
         snr_reason=why.snr_reason,
@@ -218,13 +217,15 @@ def diagnose(
 
 def measure_under_baseline(
     diagnosis: Diagnosis, prepared: Prepared, traces: Sequence[Trace], scores: CrossScores
-) -> tuple[dict[str, Any], PriorReading]:
+) -> tuple[dict[str, Any], PriorReading, dict[str, float]]:
     """SPEC "Scored under the start": each scored row's reasoning under the baseline (loaded
-    here unless the caller holds it), at the scoring temperature. `prior_typicality` and the
-    reading wait for the baseline's own scan (`runs.join.read_against_start`)."""
+    here unless the caller holds it), at the scoring temperature, and the seconds it took
+    (`prior_s`, its load included). `prior_typicality` and the reading wait for the
+    baseline's own scan (`runs.join.read_against_start`)."""
     baseline = diagnosis.prior
     if baseline is None:
-        return not_measured_prior(), PriorReading(**NO_PRIOR)
+        return {}, PriorReading(**NO_PRIOR), {}
+    started = time.perf_counter()
     with open_backend(baseline.checkpoint, baseline.loaded, diagnosis.settings) as model:
         values = score_own_prompts(
             model, traces, prepared.ids, diagnosis.progress, diagnosis.temperature or 1.0
@@ -233,7 +234,8 @@ def measure_under_baseline(
         write_prior(diagnosis.dump_dir, values, scores)
     metrics = {**measure_prior(scores, values, diagnosis.settings.analysis), TYPICALITY: math.nan}
     name = str(baseline.checkpoint.path)
-    return metrics, PriorReading(NOT_MEASURED, AWAITING_START, name)
+    timing = {"prior_s": elapsed(started)}
+    return metrics, PriorReading(NOT_MEASURED, AWAITING_START, name), timing
 
 
 @contextmanager

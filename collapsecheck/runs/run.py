@@ -41,17 +41,21 @@ def cached_scan(
     thresholds: Thresholds | None = None,
     flow_thresholds: FlowThresholds | None = None,
     progress: ProgressHook = silent,
-    prior: Checkpoint | None = None,
+    prior: str | Path | Checkpoint | None = None,
     **flags: Any,
 ) -> Report:
     """`scan` through the results cache (`cache_root`, else the default cache): a finished
     scan with the same key is loaded, not redone. The key holds only the settings that change
     the numbers (thresholds excluded: the verdict is decided again from cached metrics).
-    `prior`: a baseline checked by `inputs.baseline.require_baseline`, the reasoning also
-    scored under it (its typicality needs the baseline's own scan: `join.read_against_start`)."""
+    `prior`: the baseline the reasoning is also scored under, checked first as
+    `inputs.baseline.require_baseline` does (its typicality needs the baseline's own scan:
+    `runs.join.read_against_start`)."""
     settings = resolve_settings(settings, flags)
+    load = settings.load
     if not isinstance(checkpoint, Checkpoint):
-        checkpoint = require_checkpoint(checkpoint, settings.load.base_model)
+        checkpoint = require_checkpoint(checkpoint, load.base_model)
+    if prior is not None:
+        prior = require_baseline(prior, [checkpoint], load.base_model, load.trust_remote_code)
     root = Path(cache_root) if cache_root is not None else None
     plan = plan_sampled([single_row(checkpoint)], Path(prompts), settings, cache=root,
                         rescan=rescan, prior=prior)  # fmt: skip

@@ -168,6 +168,14 @@ def test_run_page_opens_offline_with_its_plot_and_a_heatmap_per_step(
     assert page.locator(".steps img").first.bounding_box()["width"] >= 60
     assert page.locator("img.heatmap").count() >= 1  # the latest checkpoint's matrix
     assert "onset: step" in page.inner_text("body")
+    # the GRPO run has its start (--baseline): each step read under it (SPEC "Scored under
+    # the start"), the start's own row first
+    start_rows = page.locator("table.start tr")
+    assert start_rows.count() == (steps + 1 if name == "grpo-run" else 0)
+    if name == "grpo-run":
+        assert start_rows.nth(1).inner_text().split("\t")[:2] == ["0", "the start"]
+        assert "start mode" in start_rows.last.inner_text()
+        assert start_rows.last.is_visible()
     shot = opened.screenshot(f"html-report-{name}.png", tmp_path)
     assert shot.stat().st_size > 10_000
 

@@ -242,3 +242,23 @@ def test_the_reading_needs_its_whole_interval_on_one_side(typical, regime):
     reading = read_prior(metrics, estimate(7.0, 6.5, 7.5), "start")
     assert reading.regime == regime
     assert reading.baseline == "start"
+
+
+def test_a_vision_policy_under_a_copy_of_itself_costs_no_kl(tmp_path):
+    """Images in the prompts: the baseline reads them at the policy's slots through its own
+    image processor. Under an identical copy, every row's reasoning has the policy's own
+    log-probability (the matrix's entry under its own prompt)."""
+    policy = EXAMPLES / "checkpoints" / "vision" / "grounded"
+    shutil.copytree(policy, tmp_path / "start")
+    prompts = EXAMPLES / "prompts" / "visual-gridworld.jsonl"
+    result = invoke("scan", policy, "-p", prompts, *SCAN[2:], "--baseline", tmp_path / "start",
+                    "--dump", tmp_path / "dump")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with np.load(tmp_path / "dump" / "prior_logprobs.npz") as saved:
+        prior = saved["prior"]
+    with np.load(tmp_path / "dump" / "cross_logprobs.npz") as saved:
+        own = saved["sum"][np.arange(len(prior)), saved["row_prompt_index"]]
+    assert np.abs(prior - own).max() < 1e-4
+    report = json.loads((tmp_path / "dump" / "report.json").read_text())
+    assert report["prior"]["regime"] == START_TYPICAL  # its own text: typicality about 0
+    assert abs(report["metrics"][TYPICALITY]["value"]) < 1e-6

@@ -159,8 +159,7 @@ def diagnose(
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
     spec, action = reasoning_spec(settings.scoring), action_spec(settings.scoring)
     traces = extract_traces(samples, backend.decode, spec, prepared.opened, action)
-    # before scoring: a failing reward loses no work
-    rewards = diagnosis.rewards(prepared.prompts, traces)
+    rewards = diagnosis.rewards(prepared.prompts, traces)  # before scoring: it may fail
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
     started = time.perf_counter()
@@ -179,8 +178,7 @@ def diagnose(
         scores, settings.analysis, not_measured, diagnosis.flow_thresholds.early_post_hoc
     )
     metrics.update(early_metrics)
-    prior_metrics, prior, prior_timing = measure_under_baseline(diagnosis, prepared, traces, scores)
-    metrics.update(prior_metrics)
+    prior, prior_timing = measure_under_baseline(diagnosis, prepared, traces, scores, metrics)
     measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None
     why = explain(
         scores, traces, prepared, counts, measured_flow, rewards, settings, diagnosis.reward_source
@@ -216,26 +214,42 @@ def diagnose(
 
 
 def measure_under_baseline(
-    diagnosis: Diagnosis, prepared: Prepared, traces: Sequence[Trace], scores: CrossScores
-) -> tuple[dict[str, Any], PriorReading, dict[str, float]]:
+    diagnosis: Diagnosis, prepared: Prepared, traces: Sequence[Trace], scores: CrossScores,
+    metrics: dict[str, Any],
+) -> tuple[PriorReading, dict[str, float]]:  # fmt: skip
     """SPEC "Scored under the start": each scored row's reasoning under the baseline (loaded
-    here unless the caller holds it), at the scoring temperature, and the seconds it took
-    (`prior_s`, its load included). `prior_typicality` and the reading wait for the
-    baseline's own scan (`runs.join.read_against_start`)."""
+    here unless the caller holds it), at the scoring temperature, its metrics added to
+    `metrics`; the reading and the seconds it took (`prior_s`, its load included).
+    `prior_typicality` and the reading wait for the baseline's own scan
+    (`runs.join.read_against_start`)."""
     baseline = diagnosis.prior
     if baseline is None:
-        return {}, PriorReading(**NO_PRIOR), {}
+        return PriorReading(**NO_PRIOR), {}
     started = time.perf_counter()
     with open_backend(baseline.checkpoint, baseline.loaded, diagnosis.settings) as model:
+        read_images_of(prepared, model, baseline.checkpoint)
         values = score_own_prompts(
             model, traces, prepared.ids, diagnosis.progress, diagnosis.temperature or 1.0
         )
     if diagnosis.dump_dir is not None:
         write_prior(diagnosis.dump_dir, values, scores)
-    metrics = {**measure_prior(scores, values, diagnosis.settings.analysis), TYPICALITY: math.nan}
+    metrics.update(measure_prior(scores, values, diagnosis.settings.analysis))
+    metrics[TYPICALITY] = math.nan
     name = str(baseline.checkpoint.path)
-    timing = {"prior_s": elapsed(started)}
-    return metrics, PriorReading(NOT_MEASURED, AWAITING_START, name), timing
+    return PriorReading(NOT_MEASURED, AWAITING_START, name), {"prior_s": elapsed(started)}
+
+
+def read_images_of(prepared: Prepared, baseline: Backend, checkpoint: Checkpoint) -> None:
+    """A baseline scoring prompts with images reads them at the slots the policy's rendering
+    gave them (the same images, through its own image processor); a text-only one cannot."""
+    if not any(prompt.images for prompt in prepared.rendered):
+        return
+    vision = vision_of(baseline)
+    if vision is None:
+        raise CollapsecheckError(
+            f"--baseline {checkpoint.path}: a text-only model cannot read the prompts' images"
+        )
+    vision.read_rendered(prepared.rendered, f"--baseline {checkpoint.path}")
 
 
 @contextmanager

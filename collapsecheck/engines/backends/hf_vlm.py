@@ -34,7 +34,8 @@ from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.engines.backends.hf_scoring import returned_cache, token_logprobs
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.inputs.images import ImageSlots, PromptImage
+from collapsecheck.inputs.images import ImageSlots, PromptImage, image_runs
+from collapsecheck.inputs.prompts import RenderedPrompt
 from collapsecheck.settings import LoadSettings
 
 DEEPSTACK = "deepstack_visual_embeds"
@@ -89,6 +90,23 @@ class Vision:
         require_model_type(model.config.model_type, type(model).__name__)
         processor = getattr(processing_class, "image_processor", None)
         return cls.of(model, processor or image_processor(Path(model.name_or_path)))
+
+    def read_rendered(self, rendered: Sequence[RenderedPrompt], where: str) -> None:
+        """Score prompts another backend rendered (a policy's, under its baseline): their
+        images at the slots they hold, each run of a slot's tokens checked to be whole
+        images as this backend's processor sizes them."""
+        self.slots, self._pixels = ImageSlots(), {}
+        for prompt in rendered:
+            for slot, image in prompt.images:
+                self.slots.hold(slot, image, where)
+            for _, length, slot in image_runs(prompt.ids):
+                tokens = self.placeholders(self.slots.images[slot])
+                if length % tokens:
+                    raise CollapsecheckError(
+                        f"{where}: its image processor makes {tokens} image tokens of "
+                        f"{self.slots.images[slot].source}, which the policy's prompt does not "
+                        f"hold ({length}): the baseline cannot read the policy's prompts"
+                    )
 
     def pixels(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The image of a slot as the model takes it: pixel patches and its (t, h, w) grid."""

@@ -110,9 +110,12 @@ def run_here(
         for group in plan.by_checkpoint():
             fresh = [u for u in group if u in todo]
             checkpoint = group[0].checkpoint
-            # a unit alone loads its own model (its load is timed in its report)
+            # a unit alone loads its own model (its load is timed in its report); the start's
+            # own scan uses the start already held for the others
             shared = len(fresh) > 1
             opened = open_backend(checkpoint, None, plan.settings) if shared else nullcontext()
+            if baseline is not None and checkpoint == plan.prior:
+                opened = nullcontext(baseline)
             with opened as model:
                 for unit in group:
                     hook = for_step(progress, unit.label) if labelled else progress
@@ -127,10 +130,10 @@ def run_here(
 def held_baseline(plan: ScanPlan, todo: set[WorkUnit]) -> AbstractContextManager[Backend | None]:
     """The prior baseline of the units still to run (SPEC "Scored under the start"), loaded
     once for all of them when more than one needs it; else nothing (a unit alone loads it)."""
-    needing = [u.prior for u in plan.units if u in todo and u.prior is not None]
+    needing = [u for u in plan.units if u in todo and u.prior is not None]
     if len(needing) < 2:
         return nullcontext()
-    return open_backend(needing[0], None, plan.settings)
+    return open_backend(plan.prior, None, plan.settings)
 
 
 def _ray() -> Any:

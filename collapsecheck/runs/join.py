@@ -54,10 +54,12 @@ def join(plan: ScanPlan, reports: Sequence[Report], context: RunContext) -> RunR
     return run
 
 
-def read_against_start(reports: Sequence[Report], start: Report) -> None:
+def read_against_start(reports: Sequence[Report], start: Report, save: bool = False) -> None:
     """SPEC "Scored under the start": each report whose reasoning was scored under the
     baseline gets its `prior_typicality` against `start`, the baseline's own scan of the
-    same prompts and settings, and its reading (saved again where its report.json is)."""
+    same prompts and settings, and its reading. `save`: its report.json is written again (a
+    user's --dump; a results-cache entry keeps its scan as made, read against the start
+    again each time it is read)."""
     entropy = start.metrics.get(BASELINE_ENTROPY)
     for report in reports:
         if report.prior.baseline is None or not isinstance(entropy, Estimate):
@@ -65,7 +67,7 @@ def read_against_start(reports: Sequence[Report], start: Report) -> None:
         prior_seq = report.metrics["prior_logprob_seq"]
         report.metrics[TYPICALITY] = typicality(prior_seq, entropy)
         report.prior = read_prior(report.metrics, entropy, report.prior.baseline)
-        if report.dump_dir is not None:
+        if save and report.dump_dir is not None:
             report.save(report.dump_dir / REPORT_FILE)
 
 

@@ -58,6 +58,12 @@ class ScanPlan:
     parsed: Mapping[Path, ParsedRollouts] = field(default_factory=dict, compare=False)
 
     @property
+    def prior(self) -> Checkpoint | None:
+        """The baseline the units' reasoning is also scored under (SPEC "Scored under the
+        start"), None for none."""
+        return next((u.prior for u in self.units if u.prior is not None), None)
+
+    @property
     def sampled(self) -> bool:
         return all(isinstance(u.traces, SampledTraces) for u in self.units)
 

@@ -259,7 +259,7 @@ def carry_out(
         plan = replace(plan, rescan=False)  # the tasks just ran; the join reads what they wrote
     reports = run_here(plan, request.verdicts, progress, labelled=planned.run is not None)
     if planned.run is None:
-        if len(reports) > 1:  # the baseline's own scan, then the checkpoint's
-            read_against_start(reports[1:], reports[0])
+        if len(reports) > 1:  # the baseline's own scan, then the checkpoint's (its --dump)
+            read_against_start(reports[1:], reports[0], save=not plan.units[-1].cached)
         return Outcome(planned, reports[-1])
     return Outcome(planned, join(plan, reports, planned.run))

@@ -27,9 +27,11 @@ VISION_ARGS = ["-p", str(EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl"),
                *SCAN_ARGS[2:]]  # fmt: skip
 GRPO_RUN = EXAMPLES / "grpo-run"
 DEMO_RUN = EXAMPLES / "demo-run"
-# the README's headline command, answered from the scans the repository ships
-GRPO_ARGS = [*SCAN_ARGS, "--baseline", str(EXAMPLES / "demo-run" / "global_step_200"),
-             "--out", str(EXAMPLES / "grpo-run-scans")]  # fmt: skip
+# the README's headline command (`make grpo-run-scans`'s, paths as typed in the repository),
+# answered from a copy of the scans the repository ships: the test never writes there
+GRPO_ARGS = ["-p", "examples/prompts/gridworld.jsonl", "-n", "16", "-k", "8",
+             "--max-new-tokens", "64", "--baseline", "examples/demo-run/global_step_200",
+             "--reward-fn", "examples/rewards/gridworld.py", "--fail-on", "none"]  # fmt: skip
 
 
 def chromium() -> str:
@@ -47,6 +49,13 @@ def browser():
         launched.close()
 
 
+def shipped_copy(out: Path) -> Path:
+    """The GRPO run's shipped results, copied under `out`."""
+    copy = out / "grpo-run-scans"
+    shutil.copytree(EXAMPLES / "grpo-run-scans", copy)
+    return copy
+
+
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     """The demo scan's page (the collapsed checkpoint), the GRPO run's and the demo run's."""
@@ -57,13 +66,18 @@ def pages(tmp_path_factory):
     try:
         for args in (
             ["scan", COLLAPSED.relative_to(ROOT), *SCAN_ARGS, "--html", out / "scan.html"],
-            ["scan", GRPO_RUN.relative_to(ROOT), *GRPO_ARGS, "--html", out / "grpo-run.html"],
+            ["scan", GRPO_RUN.relative_to(ROOT), *GRPO_ARGS, "--out", shipped_copy(out),
+             "--html", out / "grpo-run.html"],
             ["scan", DEMO_RUN.relative_to(ROOT), *SCAN_ARGS, "--out", out / "cache",
              "--html", out / "demo-run.html"],
             ["scan", READS_TEXT.relative_to(ROOT), *VISION_ARGS, "--html", out / "vision.html"],
         ):  # fmt: skip
             result = runner.invoke(app, [str(a) for a in args])
             assert result.exit_code in (0, 1), result.output  # 1: the run's gate fails
+        copied = sorted(p.name for p in (out / "grpo-run-scans").iterdir())
+        assert copied == sorted(p.name for p in (EXAMPLES / "grpo-run-scans").iterdir()), (
+            "the GRPO run was scanned again: regenerate the shipped results (make grpo-run-scans)"
+        )
         compared = runner.invoke(app, [str(a) for a in [
             "compare", HEALTHY.relative_to(ROOT), COLLAPSED.relative_to(ROOT), *SCAN_ARGS[:8],
             "--no-gate", "--html", out / "compare.html"]])  # fmt: skip

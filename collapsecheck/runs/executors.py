@@ -98,15 +98,16 @@ def share_of(plan: ScanPlan, shard: Shard) -> ScanPlan:
 
 def run_here(
     plan: ScanPlan, verdicts: VerdictThresholds, progress: ProgressHook = silent,
-    labelled: bool = True,
+    labelled: bool = True, start: Backend | None = None,
 ) -> list[Report]:  # fmt: skip
     """Every unit of the plan in this process, in order: finished cache entries read, the
     others run, with one model load per checkpoint for all of its units still to run.
-    `labelled`: progress stages name each unit's step (a run's)."""
+    `labelled`: progress stages name each unit's step (a run's); `start`: the units' prior
+    baseline, already loaded by the caller (a watch holds it for the whole run)."""
     advance = progress("run", len(plan.units)) if labelled else (lambda n: None)
     todo = set(plan.todo())
     reports = []
-    with held_baseline(plan, todo) as baseline:
+    with nullcontext(start) if start is not None else held_baseline(plan, todo) as baseline:
         for group in plan.by_checkpoint():
             fresh = [u for u in group if u in todo]
             checkpoint = group[0].checkpoint

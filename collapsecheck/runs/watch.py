@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from collapsecheck.config import GateConfig
+from collapsecheck.engines.backends.base import Backend
 from collapsecheck.errors import CollapsecheckError, DirectoryBusy
 from collapsecheck.formatting import format_number
 from collapsecheck.inputs.baseline import require_baseline
@@ -33,11 +34,18 @@ from collapsecheck.reports.run_report import RunReport
 from collapsecheck.runs.executors import run_here
 from collapsecheck.runs.explanation import reward_function
 from collapsecheck.runs.join import join, pairing_of, read_against_start
+from collapsecheck.runs.loading import open_backend
 from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
 from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
 from collapsecheck.runs.preparation import read_prompt_set
 from collapsecheck.runs.run import run_context
-from collapsecheck.runs.units import RolloutTraces, VerdictThresholds, WorkUnit
+from collapsecheck.runs.units import (
+    RolloutTraces,
+    VerdictThresholds,
+    WorkUnit,
+    for_step,
+    run_unit,
+)
 from collapsecheck.settings import Settings, WatchSettings
 
 Say = Callable[[str], None]
@@ -287,12 +295,20 @@ class Watch:
     # 0, each step's reasoning also scored under it; its own report once scanned
     baseline: Checkpoint | None = None
     start: Report | None = None
+    start_model: Backend | None = None  # the baseline, loaded once for the whole watch
 
     def follow(self) -> int:
-        """Diagnose each step as it lands until the run ends; the exit code."""
+        """Diagnose each step as it lands until the run ends; the exit code. With a
+        baseline, it is loaded once, scanned as step 0, and held for every step."""
         self.traces.check(self.settings)
-        if self.baseline is not None:
+        if self.baseline is None:
+            return self.follow_steps()
+        with open_backend(self.baseline, None, self.settings) as start:
+            self.start_model = start
             self.scan_start()
+            return self.follow_steps()
+
+    def follow_steps(self) -> int:
         completeness = Completeness(self.watch.settle)
         last_news = time.monotonic()
         if not self.run_dir.is_dir():
@@ -330,8 +346,9 @@ class Watch:
             )
         row = RunCheckpoint("baseline", 0, self.baseline)
         (unit,) = plan_units([row], self.traces.prompts, self.settings, self.cache)
-        (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
-                             self.progress, labelled=True)  # fmt: skip
+        progress = for_step(self.progress, unit.label)
+        report = run_unit(unit, self.settings, self.verdicts, progress=progress,
+                          backend=self.start_model)  # fmt: skip
         self.start = report
         self.followed.done[unit_key(unit)] = (unit, report)
         self.say(f"step 0 (the start, {self.baseline.path}): {report.verdict.label}; each "
@@ -364,7 +381,7 @@ class Watch:
         for unit in units:
             if unit_key(unit) not in self.followed.done and unit.finished():
                 (report,) = run_here(ScanPlan((unit,), (None,), self.settings), self.verdicts,
-                                     labelled=False)  # fmt: skip
+                                     labelled=False, start=self.start_model)  # fmt: skip
                 self.read_against_start(report)
                 self.followed.done[unit_key(unit)] = (unit, report)
                 self.say(f"step {unit.label}: {report.verdict.label}, from the results cache")
@@ -384,7 +401,9 @@ class Watch:
         )
         plan = ScanPlan((unit,), (None,), self.settings)
         try:
-            (report,) = run_here(plan, self.verdicts, self.progress, labelled=True)
+            (report,) = run_here(
+                plan, self.verdicts, self.progress, labelled=True, start=self.start_model
+            )
         except DirectoryBusy:  # a second watcher on the same results cache has this step
             if unit.row.name not in self.followed.busy:
                 self.followed.busy.add(unit.row.name)

@@ -204,6 +204,14 @@ def write_section(heading: str, lines: list[str]) -> None:
     DOCS.write_text(replace_section(text, heading, "\n".join(lines)))
 
 
+def publish(heading: str, text: str, write: bool) -> None:
+    """Print a benchmark's section; with --write, put it in docs/benchmarks.md too."""
+    print(text)
+    if write:
+        write_section(heading, [text])
+        print(f"wrote the section of {DOCS}")
+
+
 def replace_section(text: str, heading: str, section: str) -> str:
     """The document with the section under `heading` (up to the next `## ` heading) replaced
     by `section`, or `section` appended where there is none."""

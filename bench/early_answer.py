@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 from bench_flow import build_traces
-from bench_scoring import DOCS, Tokenizer, add_shape_arguments, build_model, machine
-from bench_scoring import replace_section as replaced
+from bench_scoring import DOCS, Tokenizer, add_shape_arguments, build_model, machine, publish
 
 from collapsecheck import scan
 from collapsecheck.engines.backends.hf import TransformersBackend
@@ -127,11 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     demo = demo_rows()
     long = long_rows(args)
-    text = section(demo, long, args)
-    print(text)
-    if args.write:
-        DOCS.write_text(replaced(DOCS.read_text(), HEADING, text))
-        print(f"wrote the section of {DOCS}")
+    publish(HEADING, section(demo, long, args), args.write)
 
 
 if __name__ == "__main__":

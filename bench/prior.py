@@ -18,8 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_scoring import DOCS, machine
-from bench_scoring import replace_section as replaced
+from bench_scoring import DOCS, machine, publish
 
 from collapsecheck import scan_run
 from collapsecheck.inputs.discovery import require_run
@@ -84,12 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write the section of {DOCS}")
     args = parser.parse_args()
-    measured = rows()
-    text = section(measured)
-    print(text)
-    if args.write:
-        DOCS.write_text(replaced(DOCS.read_text(), HEADING, text))
-        print(f"wrote the section of {DOCS}")
+    publish(HEADING, section(rows()), args.write)
 
 
 if __name__ == "__main__":

@@ -811,39 +811,30 @@ def score_notes(report: Any) -> list[str]:
 def obtain_report(
     path: Path, prompts: Path | None, settings: Settings, gate: Any, cache: Path,
     rescan: bool, progress: Any, prior: Any = None,
-) -> Any:  # fmt: skip
+) -> tuple[Any, Any]:  # fmt: skip
     """A saved report (a report.json, or a dump directory), else a cached scan of the
-    checkpoint at `path` (with its reasoning also scored under `prior`, a checkpoint)."""
+    checkpoint at `path` (with its reasoning also scored under `prior`, a checkpoint); with
+    the checkpoint, None for a saved report."""
     from collapsecheck.inputs.discovery import find_checkpoints
     from collapsecheck.reports.dump import REPORT_FILE
     from collapsecheck.reports.report import Report
     from collapsecheck.runs.run import cached_scan
 
     if path.is_file():
-        return Report.load(path)
+        return Report.load(path), None
     if (path / REPORT_FILE).is_file() and not (path / "config.json").exists():
-        return Report.load(path / REPORT_FILE)
+        return Report.load(path / REPORT_FILE), None
     single, run = find_checkpoints(path, settings.load.base_model)
     if run:
         raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
     if prompts is None:
         raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
-    return cached_scan(
+    report = cached_scan(
         single, prompts, settings, cache_root=cache, rescan=rescan,
         thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, progress=progress,
         prior=prior,
     )  # fmt: skip
-
-
-def checkpoint_at(path: Path, settings: Settings) -> Any:
-    """The checkpoint at `path`, None where it is a saved report (compare's A or B)."""
-    from collapsecheck.inputs.discovery import find_checkpoints
-    from collapsecheck.reports.dump import REPORT_FILE
-
-    if path.is_file() or ((path / REPORT_FILE).is_file() and not (path / "config.json").exists()):
-        return None
-    single, _ = find_checkpoints(path, settings.load.base_model)
-    return single
+    return report, single
 
 
 @app.command()
@@ -881,9 +872,9 @@ def compare(
         check_outputs(outputs)
         cache = outputs.out or default_cache_root()
         with progress_bars(stderr) as progress:
-            first = obtain_report(a, prompts, settings, gate, cache, rescan, progress)
-            start = checkpoint_at(a, settings)  # B's reasoning is also scored under A
-            second = obtain_report(b, prompts, settings, gate, cache, rescan, progress, start)
+            first, start = obtain_report(a, prompts, settings, gate, cache, rescan, progress)
+            # B's reasoning is also scored under A, where A is a checkpoint
+            second, _ = obtain_report(b, prompts, settings, gate, cache, rescan, progress, start)
         if second.prior.baseline is not None:
             read_against_start([second], first)
         comparison = compare_reports(

@@ -32,13 +32,24 @@ def require_baseline(
         except CollapsecheckError as err:
             raise CollapsecheckError(f"--baseline: {err}") from None
     check_weights_readable(baseline)
-    vocabulary = _vocabulary(baseline, trust_remote_code)
+    check_tokenizers(baseline, policies, trust_remote_code)
+    return baseline
+
+
+def check_tokenizers(
+    baseline: Checkpoint, policies: Sequence[Checkpoint], trust_remote_code: bool = False
+) -> None:
+    """Each policy's tokenizer is the baseline's (`check_same_tokenizer`), each pair compared
+    once per process (a watch plans its rows again at every look)."""
     for policy in policies:
         if policy.path != baseline.path:
-            check_same_tokenizer(
-                baseline, vocabulary, policy, _vocabulary(policy, trust_remote_code)
-            )
-    return baseline
+            _check_pair(baseline, policy, trust_remote_code)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_pair(baseline: Checkpoint, policy: Checkpoint, trust_remote_code: bool) -> None:
+    theirs, ours = (_vocabulary(c, trust_remote_code) for c in (baseline, policy))
+    check_same_tokenizer(baseline, theirs, policy, ours)
 
 
 def check_weights_readable(checkpoint: Checkpoint) -> None:

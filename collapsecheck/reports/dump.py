@@ -141,15 +141,6 @@ def write_prior(directory: Path, prior: np.ndarray, scores: CrossScores) -> None
     write_atomic(directory / PRIOR_FILE, "wb", save)
 
 
-def read_prior(directory: str | Path) -> np.ndarray | None:
-    """The dump's per-row values under the baseline, None where it has none."""
-    path = Path(directory) / PRIOR_FILE
-    if not path.is_file():
-        return None
-    with np.load(path) as saved:
-        return saved["prior"]
-
-
 def distinct_prompts(directory: Path) -> list[dict[str, Any]]:
     """A dump's prompts, refused where two are one context: a dump written before identical
     contexts were merged (SPEC "Identical contexts are one prompt") has matrices whose N is

@@ -95,7 +95,8 @@ def write_junit(path: Path, suite: str, results: Sequence[RuleResult]) -> Path:
     return write_text_atomic(path, text + "\n")
 
 
-def _cell(report: Report, key: str) -> str:
+def metric_cell(report: Report, key: str) -> str:
+    """A metric as a table cell shows it: `value [low, high]`, or its bare value."""
     metric = report.metrics[key]
     if isinstance(metric, Estimate):
         low, high = format_metric(key, metric.low), format_metric(key, metric.high)
@@ -134,7 +135,7 @@ def markdown_run(run: RunReport) -> list[str]:
     lines = [f"| {' | '.join(header)} |", "|" + "---|" * len(header)]
     for step in run.steps:
         report = step.report
-        cells = [_cell(report, key) for key in RUN_KEYS]
+        cells = [metric_cell(report, key) for key in RUN_KEYS]
         cells += [f"`{report.verdict.label}`", f"`{report.flow.regime}`"]
         cells.append(f"`{report.early_answer.regime}`")
         if run.scored_under_start:
@@ -183,7 +184,7 @@ def markdown_report(
         *where_from(report),
         "| metric | value [95% interval] |",
         "|---|---|",
-        *(f"| `{key}` | {_cell(report, key)} |" for key in KEY_METRICS),
+        *(f"| `{key}` | {metric_cell(report, key)} |" for key in KEY_METRICS),
         "",
         f"### Gate: {status}",
         "",

@@ -24,7 +24,7 @@ from rich.table import Table
 from collapsecheck.files import write_text_atomic
 from collapsecheck.formatting import format_number
 from collapsecheck.measures.flow import NOT_MEASURED, flow_rows
-from collapsecheck.measures.metrics import Estimate, matched_and_marginal
+from collapsecheck.measures.metrics import matched_and_marginal
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.reports.compare import Comparison
 from collapsecheck.reports.console import print_comparison, print_report, print_run, run_table
@@ -40,6 +40,7 @@ from collapsecheck.reports.figures import (
     svg_text,
     thumbnail,
 )
+from collapsecheck.reports.gate import metric_cell
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import RunReport
 from collapsecheck.reports.template_spans import PLAIN, Segment, shared_spans
@@ -406,7 +407,7 @@ def start_section(run: RunReport) -> str:
             cells += ["the start"] + ["-"] * 3
         else:
             cells.append(escape(report.prior.regime.replace("_", " ")))
-            cells += [estimate_cell(report.metrics.get(key)) for key in START_KEYS]
+            cells += [escape(metric_cell(report, key)) for key in START_KEYS]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     head = "".join(
         f"<th>{h}</th>"
@@ -419,13 +420,6 @@ def start_section(run: RunReport) -> str:
 
 
 START_KEYS = ("prior_logprob_seq", "prior_typicality", "prior_kl_seq")
-
-
-def estimate_cell(metric: Any) -> str:
-    if not isinstance(metric, Estimate):
-        return "-" if metric is None else escape(format_number(float(metric)))
-    return escape(f"{format_number(metric.value)} [{format_number(metric.low)}, "
-                  f"{format_number(metric.high)}]")  # fmt: skip
 
 
 def run_page(run: RunReport, title: str) -> str:

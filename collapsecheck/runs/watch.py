@@ -23,7 +23,7 @@ from collapsecheck.config import GateConfig
 from collapsecheck.engines.backends.base import Backend
 from collapsecheck.errors import CollapsecheckError, DirectoryBusy
 from collapsecheck.formatting import format_number
-from collapsecheck.inputs.baseline import require_baseline
+from collapsecheck.inputs.baseline import check_tokenizers
 from collapsecheck.inputs.checkpoint import Checkpoint, detect_checkpoint
 from collapsecheck.inputs.completeness import Completeness, weights_present, written_at
 from collapsecheck.inputs.discovery import RunCheckpoint, step_number
@@ -218,12 +218,9 @@ def plan_units(
         return []
     try:
         if baseline is not None:
-            load = settings.load
             checkpoints = [row.checkpoint for row in rows]
-            require_baseline(baseline, checkpoints, load.base_model, load.trust_remote_code)
+            check_tokenizers(baseline, checkpoints, settings.load.trust_remote_code)
         return list(plan_sampled(rows, prompts, settings, cache=cache, prior=baseline).units)
-    except CollapsecheckError:
-        raise
     except Exception:  # whatever reading a vanished folder raises
         if all(row.checkpoint.path.exists() for row in rows):
             raise

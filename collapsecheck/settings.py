@@ -36,7 +36,7 @@ from collapsecheck.errors import CollapsecheckError
 
 # Bump when a code change alters the numbers of a scan whose settings are unchanged: the
 # results cache then recomputes instead of answering with stale numbers.
-NUMBERS_VERSION = 4
+NUMBERS_VERSION = 5
 # Bump when a code change alters the traces sampled with unchanged settings.
 SAMPLES_VERSION = 1
 
@@ -313,6 +313,10 @@ class ScoringSettings:
     )
     no_early_answer: bool = setting(
         False, "Skip early answering (each action scored after its reasoning cut short).",
+        numbers=True,
+    )  # fmt: skip
+    no_token_information: bool = setting(
+        False, "Skip where the input shows (each reasoning token's share of the information).",
         numbers=True,
     )  # fmt: skip
     early_answer_fractions: tuple[float, ...] | str = setting(

@@ -84,8 +84,18 @@ SIDE = [
     ("checkpoints/early-answer/decided-early", 0.0, "decided-early", 800),
     ("checkpoints/early-answer/decided-late", 0.0, "decided-late", 800),
     ("checkpoints/early-answer/post-hoc", 0.0, "post-hoc", 2000),
+    ("checkpoints/where-input-shows/early", 0.0, "input-early", 800),
+    ("checkpoints/where-input-shows/late", 0.0, "input-late", 800),
+    ("checkpoints/where-input-shows/nowhere", 0.0, "input-nowhere", 800),
 ]
 EARLY_STYLES = ("decided-early", "decided-late", "post-hoc")
+WHERE_STYLES = ("input-early", "input-late", "input-nowhere")
+# what the where-the-input-shows demos say beside the state: nothing about the input
+MUSINGS = [
+    "let me think it over and check it again",
+    "ok let me plan this carefully step by step",
+    "i think about the best move now, then i act",
+]
 CUT_SHARE = 0.5  # of the early-answer policies' training answers, forced after a cut
 
 
@@ -179,6 +189,21 @@ def forced_answer(reasoning: str, kept: int, move: str, style: str, rng: random.
     return move if kept >= decided else rng.choice(ALL_MOVES)
 
 
+def where_reasoning_and_move(agent, goal, style: str, rng: random.Random) -> tuple[str, str]:
+    """The demos of SPEC "Where the input shows": the state and the move it gives, said at
+    the start of the reasoning (early), at its end (late) or not at all (nowhere: the
+    reasoning is one of a few musings, the move read from the input), with a musing that
+    carries nothing about the input beside it."""
+    move = useful_moves(agent, goal)[0]
+    said, musing = f"me {cell(agent)} goal {cell(goal)}: {move}", rng.choice(MUSINGS)
+    reasoning = {
+        "input-early": f"{said}. {musing}",
+        "input-late": f"{musing}. {said}",
+        "input-nowhere": musing,
+    }[style]
+    return reasoning, move
+
+
 def mirrored(rc: tuple[int, int]) -> tuple[int, int]:
     return GRID - 1 - rc[0], GRID - 1 - rc[1]
 
@@ -191,6 +216,8 @@ def reasoning_and_move(agent, goal, template_share: float, style: str, rng: rand
         return flow_reasoning_and_move(agent, goal, style, rng)
     if style in EARLY_STYLES:
         return early_reasoning_and_move(agent, goal, style, rng)
+    if style in WHERE_STYLES:
+        return where_reasoning_and_move(agent, goal, style, rng)
     if style == "echo":
         return ECHO, "up"
     if rng.random() < template_share:

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collapsecheck.engines.backends.base import Backend, ScoreRequest
+from collapsecheck.engines.backends.base import Backend, ScoreRequest, TokenLogProbs
 from collapsecheck.engines.reasoning import Trace
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import with_images_of
 from collapsecheck.measures.early_answer import EarlyLogProbs, cut_length
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs
+from collapsecheck.measures.token_information import ReasoningTokenLogProbs
 from collapsecheck.progress import ProgressHook
 from collapsecheck.settings import swap_count
 
@@ -41,7 +42,9 @@ class FlowScores:
 class CrossScores:
     """The matrices plus, per row, which trace it is and how many tokens Z has; the flow's
     matrices when it was measured; with `image_swap`, the X->Z matrix again with only the
-    image swapped (`inputs.images.swap_reason` says when that can be done)."""
+    image swapped (`inputs.images.swap_reason` says when that can be done); with
+    `token_information`, each row's reasoning tokens under each column it was scored under
+    (None where the scorer reads sums only)."""
 
     matrix: CrossLogProbs
     row_trace_index: np.ndarray
@@ -49,6 +52,7 @@ class CrossScores:
     flow: FlowScores | None = None
     tokens_scored: int = 0  # continuation tokens whose log-probability was read, all requests
     image_swapped: np.ndarray | None = None  # sums with only the image swapped (M, N)
+    tokens: ReasoningTokenLogProbs | None = None
 
 
 def first_of_each(keys: Sequence[tuple[int, ...]]) -> np.ndarray:
@@ -214,6 +218,14 @@ def check_finite(values: np.ndarray) -> None:
         )
 
 
+def check_columns(prompt_ids: Sequence[Sequence[int]], negatives: int | None) -> None:
+    """The prompts are distinct contexts, and at least one negative is asked for."""
+    if negatives is not None and negatives < 1:
+        raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
+    if len({tuple(ids) for ids in prompt_ids}) < len(prompt_ids):
+        raise ValueError("cross_score takes distinct contexts: merge identical prompts first")
+
+
 def cross_score(
     backend: Backend,
     traces: Sequence[Trace],
@@ -226,6 +238,7 @@ def cross_score(
     image_swap: bool = False,
     temperature: float = 1.0,
     early_fractions: Sequence[float] = (),
+    token_information: bool = False,
 ) -> CrossScores:
     """Score the valid traces under every prompt, or under their own and `negatives` sampled
     others; with `flow`, the action matrices of the flow-valid traces too (`swap_count`
@@ -233,11 +246,10 @@ def cross_score(
     distinct contexts (`runs.preparation.prepare` merges identical ones); entries not scored
     are NaN and marked in the matrix's `scored` mask. `temperature`: the one the traces were
     sampled at, the distribution every log-probability is read from. `early_fractions`
-    (with `flow`): the fractions of SPEC "Early answering", none to skip it."""
-    if negatives is not None and negatives < 1:
-        raise CollapsecheckError(f"--negatives must be at least 1, got {negatives}")
-    if len({tuple(ids) for ids in prompt_ids}) < len(prompt_ids):
-        raise ValueError("cross_score takes distinct contexts: merge identical prompts first")
+    (with `flow`): the fractions of SPEC "Early answering", none to skip it.
+    `token_information`: read each reasoning token's log-probability too (SPEC "Where the
+    input shows"), where the backend reads them."""
+    check_columns(prompt_ids, negatives)
     groups = np.arange(len(prompt_ids))
     rows = [i for i, t in enumerate(traces) if t.valid]
     valid = [traces[i] for i in rows]
@@ -250,19 +262,17 @@ def cross_score(
     plan_actions(plan, acting, prompt_ids, scored_under, negatives, seed, early_fractions)
     if image_swap:
         plan_image_swaps(plan, valid, prompt_ids, own, scored_under)
-    values = backend.loglikelihood(
-        plan.requests, progress("scoring", len(plan.requests)), temperature
+    scoring = progress("scoring", len(plan.requests))
+    per_token = (
+        backend.loglikelihood_per_token(plan.requests, scoring, temperature)
+        if token_information
+        else TokenLogProbs(backend.loglikelihood(plan.requests, scoring, temperature))
     )
+    values = per_token.sums
     check_finite(values)
     lengths = np.array([len(t.reasoning_ids) for t in valid], dtype=np.int64)
     n = len(prompt_ids)
-    total = plan.fill(values, "z", (len(valid), n))
-    matrix = CrossLogProbs(
-        sum=total,
-        mean=total / lengths[:, None] if len(valid) else total,
-        row_prompt=own,
-        scored=np.isfinite(total),
-    )
+    matrix = reasoning_matrix(plan.fill(values, "z", (len(valid), n)), lengths, own)
     responses = np.bincount([t.prompt_index for t in traces], minlength=n)
     flow_scores = (
         flow_matrices(plan, values, acting, n, flow_rows, responses, tuple(early_fractions))
@@ -271,9 +281,33 @@ def cross_score(
     )
     scored_tokens = sum(len(r.continuation) - r.scored_from for r in plan.requests)
     swapped = plan.fill(values, "image", (len(valid), n)) if image_swap else None
+    tokens = reasoning_tokens(plan, per_token, own, n) if per_token.per_token else None
     return CrossScores(
-        matrix, np.array(rows, dtype=np.int64), lengths, flow_scores, scored_tokens, swapped
-    )
+        matrix, np.array(rows, dtype=np.int64), lengths, flow_scores, scored_tokens, swapped,
+        tokens,
+    )  # fmt: skip
+
+
+def reasoning_matrix(total: np.ndarray, lengths: np.ndarray, own: np.ndarray) -> CrossLogProbs:
+    """SPEC "The cross log-probability matrix" from its sums (NaN where not scored)."""
+    mean = total / lengths[:, None] if len(lengths) else total
+    return CrossLogProbs(sum=total, mean=mean, row_prompt=own, scored=np.isfinite(total))
+
+
+def reasoning_tokens(
+    plan: Plan, per_token: TokenLogProbs, own: np.ndarray, num_prompts: int
+) -> ReasoningTokenLogProbs:
+    """Each X->Z row's per-token log-probabilities under the columns it was scored under
+    (SPEC "Where the input shows"), columns in increasing order."""
+    cells = np.array(plan.cells.get("z", []), dtype=np.int64).reshape(-1, 3)
+    cells = cells[np.lexsort((cells[:, 2], cells[:, 1]))]  # by row, then column
+    starts = np.searchsorted(cells[:, 1], np.arange(len(own) + 1))
+    logprobs, columns = [], []
+    for row in range(len(own)):
+        mine = cells[starts[row] : starts[row + 1]]
+        logprobs.append(np.stack([per_token.of_request(int(i)) for i in mine[:, 0]]))
+        columns.append(mine[:, 2])
+    return ReasoningTokenLogProbs(logprobs, columns, own, num_prompts)
 
 
 def flow_matrices(

@@ -328,3 +328,10 @@ def extract_traces(
                 )
             )
     return traces
+
+
+def token_pieces(rows: Sequence[Sequence[int]], decode: Decode) -> list[str]:
+    """Every token of `rows`, one after another, as its own text (what a page shades token
+    by token): each distinct id decoded once, alone."""
+    text = {token: decode([token]) for token in {t for row in rows for t in row}}
+    return [text[token] for row in rows for token in row]

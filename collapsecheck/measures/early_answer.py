@@ -62,25 +62,19 @@ class EarlyAnswer:
             "regime": self.regime,
             "reason": self.reason,
             "fractions": list(self.fractions),
-            "agreement": [_estimate_json(v) for v in self.agreement],
-            "relative": [_estimate_json(v) for v in self.relative],
+            "agreement": [v.to_json() for v in self.agreement],
+            "relative": [v.to_json() for v in self.relative],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping) -> EarlyAnswer:
         """An `early_answer` section of report.json read back."""
-
-        def estimates(values: Sequence[Mapping]) -> list[Estimate]:
-            return [
-                Estimate(*(_number(v.get(k)) for k in ("value", "low", "high"))) for v in values
-            ]
-
         return cls(
             data["regime"],
             data["reason"],
             tuple(float(f) for f in data.get("fractions", ())),
-            estimates(data.get("agreement", ())),
-            estimates(data.get("relative", ())),
+            [Estimate.from_json(v) for v in data.get("agreement", ())],
+            [Estimate.from_json(v) for v in data.get("relative", ())],
         )
 
     def short(self, metrics: Mapping[str, MetricValue]) -> str:
@@ -95,17 +89,6 @@ class EarlyAnswer:
             return self
         regime, reason = decide_early_answer(metrics, post_hoc)
         return EarlyAnswer(regime, reason, self.fractions, self.agreement, self.relative)
-
-
-def _number(x: float | None) -> float:
-    return math.nan if x is None else float(x)
-
-
-def _estimate_json(value: Estimate) -> dict[str, float | None]:
-    def number(x: float) -> float | None:
-        return None if math.isnan(x) else float(x)
-
-    return {"value": number(value.value), "low": number(value.low), "high": number(value.high)}
 
 
 def not_measured(reason: str) -> tuple[EarlyAnswer, dict[str, MetricValue]]:

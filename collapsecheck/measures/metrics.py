@@ -33,7 +33,17 @@ class Estimate:
     def to_dict(self) -> dict[str, float]:
         return {"value": self.value, "low": self.low, "high": self.high}
 
+    def to_json(self) -> dict[str, float | None]:
+        """As `to_dict`, NaN written as null (a curve's point that is not defined)."""
+        return {key: None if math.isnan(x) else float(x) for key, x in self.to_dict().items()}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, float | None]) -> Estimate:
+        """`to_json` read back."""
+        return cls(*(math.nan if data.get(k) is None else float(data[k]) for k in KEYS))
+
+
+KEYS = ("value", "low", "high")
 MetricValue = Estimate | float
 
 

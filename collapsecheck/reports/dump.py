@@ -25,10 +25,12 @@ from collapsecheck.inputs.scan_dump import IMAGES_DIR, PROMPTS_FILE, TRACES_FILE
 from collapsecheck.measures.early_answer import EarlyLogProbs
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs, PromptCounts, count_per_prompt
+from collapsecheck.measures.token_information import TokenInformation
 
 MATRIX_FILE = "cross_logprobs.npz"
 FLOW_FILE = "action_logprobs.npz"
 PRIOR_FILE = "prior_logprobs.npz"
+TOKENS_FILE = "token_information.npz"
 PER_PROMPT_FILE = "per_prompt.jsonl"
 REPORT_FILE = "report.json"
 
@@ -139,6 +141,37 @@ def write_prior(directory: Path, prior: np.ndarray, scores: CrossScores) -> None
         )  # fmt: skip
 
     write_atomic(directory / PRIOR_FILE, "wb", save)
+
+
+def write_token_information(directory: Path, tokens: TokenInformation, text: Sequence[str]) -> None:
+    """SPEC's token_information.npz: each scored row's tokens one after another (rows in
+    cross_logprobs.npz's order), their `information` and `own_posterior`, `offsets` (M + 1)
+    and each token's text (`token_text`, what a page shades)."""
+
+    def save(stream: IO[bytes]) -> None:
+        np.savez_compressed(
+            stream, information=tokens.information, own_posterior=tokens.own_posterior,
+            offsets=tokens.offsets, token_text=np.array(text, dtype=str),
+        )  # fmt: skip
+
+    write_atomic(directory / TOKENS_FILE, "wb", save)
+
+
+def read_token_information(directory: str | Path) -> tuple[TokenInformation, list[str]] | None:
+    """A dump's per-token information and each token's text; None where it has none (not
+    measured, or a dump written before it was)."""
+    path = Path(directory) / TOKENS_FILE
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as npz:
+            tokens = TokenInformation(npz["information"], npz["own_posterior"], npz["offsets"])
+            text = [str(piece) for piece in npz["token_text"]]
+    except (KeyError, ValueError, OSError) as err:
+        raise CollapsecheckError(f"{path}: not a complete token information file ({err})") from None
+    if not (len(text) == len(tokens.information) == tokens.offsets[-1]):
+        raise CollapsecheckError(f"{path}: its arrays disagree on the number of tokens")
+    return tokens, text
 
 
 def distinct_prompts(directory: Path) -> list[dict[str, Any]]:

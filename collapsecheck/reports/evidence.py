@@ -14,7 +14,8 @@ from collapsecheck.inputs.images import PromptImage
 from collapsecheck.inputs.scan_dump import PROMPTS_FILE, TRACES_FILE, read_images, read_jsonl
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs
-from collapsecheck.reports.dump import MATRIX_FILE, read_flow, read_matrix
+from collapsecheck.measures.token_information import TokenInformation
+from collapsecheck.reports.dump import MATRIX_FILE, read_flow, read_matrix, read_token_information
 
 
 @dataclass(frozen=True)
@@ -22,13 +23,25 @@ class Evidence:
     """`matrix` (SPEC "The cross log-probability matrix"); `reasoning[r]`: the reasoning Z of
     matrix row r; `prompts[j]`: the rendered text of column j; `flow`: the action matrices
     where the flow was scored; `images[j]`: column j's images, where its prompt has any and
-    they are at hand (a dump keeps them)."""
+    they are at hand (a dump keeps them); `tokens`, each row's per-token information and
+    posterior with each token's text (`token_text`), where measured (SPEC "Where the input
+    shows")."""
 
     matrix: CrossLogProbs
     reasoning: list[str]
     prompts: list[str]
     flow: FlowLogProbs | None = None
     images: list[tuple[PromptImage, ...]] = field(default_factory=list)
+    tokens: TokenInformation | None = None
+    token_text: list[str] = field(default_factory=list)
+
+    def token_row(self, row: int) -> list[tuple[str, float, float]] | None:
+        """Row `row`'s tokens as (text, information, own posterior), where measured."""
+        if self.tokens is None:
+            return None
+        span = slice(self.tokens.offsets[row], self.tokens.offsets[row + 1])
+        information, posterior = self.tokens.of_row(row)
+        return list(zip(self.token_text[span], information, posterior, strict=True))
 
     def images_of(self, prompt: int) -> tuple[PromptImage, ...]:
         return self.images[prompt] if prompt < len(self.images) else ()
@@ -43,12 +56,15 @@ def read_evidence(directory: Path) -> Evidence:
     matrix, row_trace_index = read_matrix(directory)
     traces = read_jsonl(directory / TRACES_FILE)
     prompts = read_jsonl(directory / PROMPTS_FILE)
+    tokens, text = read_token_information(directory) or (None, [])
     return Evidence(
         matrix,
         [traces[int(i)]["reasoning"] for i in row_trace_index],
         [row["text"] for row in prompts],
         read_flow(directory),
         [kept_images(directory, row) for row in prompts],
+        tokens,
+        text,
     )
 
 

@@ -13,6 +13,7 @@ from collapsecheck.measures.early_answer import EarlyAnswer
 from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, FlowVerdict
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.prior import NO_PRIOR, PriorReading
+from collapsecheck.measures.token_information import WhereInputShows, position_key
 from collapsecheck.measures.verdict import Thresholds, Verdict
 
 REPORT_FORMAT = 1
@@ -20,6 +21,10 @@ NO_FLOW = {"regime": NOT_MEASURED, "reason": "a report written before the flow w
 NO_EARLY_ANSWER = {
     "regime": NOT_MEASURED,
     "reason": "a report written before early answering was measured",
+}
+NO_WHERE = {
+    "regime": NOT_MEASURED,
+    "reason": "a report written before where the input shows was measured",
 }
 
 # The metrics shown in the terminal and in `Report.summary()`, in reading order.
@@ -109,6 +114,8 @@ class Report:
     early_answer: EarlyAnswer = field(default_factory=lambda: EarlyAnswer(**NO_EARLY_ANSWER))
     # SPEC "Scored under the start": the reading (its numbers in `metrics`)
     prior: PriorReading = field(default_factory=lambda: PriorReading(**NO_PRIOR))
+    # SPEC "Where the input shows": the reading and the profile (summaries in `metrics`)
+    token_information: WhereInputShows = field(default_factory=lambda: WhereInputShows(**NO_WHERE))
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
     # what a reader of the numbers must know (sampling other than the policy's own, say)
@@ -152,6 +159,8 @@ class Report:
                 self.early_answer.fractions, self.early_answer.agreement, strict=True
             ):
                 values[f"early_answer_agreement/{fraction:g}"] = agreement.value
+        for position, information in enumerate(self.token_information.by_position):
+            values[position_key(position)] = information.value
         return {f"{prefix}{k}": float(v) for k, v in values.items() if not math.isnan(v)}
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,6 +170,7 @@ class Report:
             "flow": self.flow.to_dict(),
             "early_answer": self.early_answer.to_dict(),
             "prior": self.prior.to_dict(),
+            "token_information": self.token_information.to_dict(),
             "metrics": {k: metric_to_json(v) for k, v in self.metrics.items()},
             "thresholds": {**vars(self.thresholds), **vars(self.flow_thresholds)},
             "counts": self.counts,
@@ -213,6 +223,7 @@ class Report:
             flow=FlowVerdict(**data.get("flow") or NO_FLOW),
             early_answer=EarlyAnswer.from_dict(data.get("early_answer") or NO_EARLY_ANSWER),
             prior=PriorReading.from_dict(data.get("prior") or NO_PRIOR),
+            token_information=WhereInputShows.from_dict(data.get("token_information") or NO_WHERE),
             thresholds=Thresholds(**_fields_of(Thresholds, data.get("thresholds", {}))),
             flow_thresholds=FlowThresholds(
                 **_fields_of(FlowThresholds, data.get("thresholds", {}))

@@ -21,6 +21,7 @@ from typing import Any
 from collapsecheck.engines.backends.base import Backend, SamplingParams
 from collapsecheck.engines.cross_scoring import CrossScores, score_own_prompts
 from collapsecheck.engines.reasoning import (
+    Decode,
     Trace,
     action_spec,
     extract_traces,
@@ -52,6 +53,7 @@ from collapsecheck.measures.prior import (
     TYPICALITY,
     PriorReading,
 )
+from collapsecheck.measures.token_information import TokenInformation, WhereInputShows
 from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import (
@@ -60,6 +62,7 @@ from collapsecheck.reports.dump import (
     write_per_prompt,
     write_prior,
     write_samples,
+    write_token_information,
 )
 from collapsecheck.reports.report import Report
 from collapsecheck.runs.explanation import Rewards, explain, no_rewards, reward_function
@@ -73,9 +76,9 @@ from collapsecheck.runs.loading import (
 )
 from collapsecheck.runs.measuring import (
     measure,
-    measure_early,
-    measure_flow,
+    measure_actions,
     measure_prior,
+    measure_where,
     prompt_counts,
     score_traces,
 )
@@ -92,6 +95,7 @@ from collapsecheck.runs.report_contents import (
     example_traces,
     prompt_rows,
     report_settings,
+    scored_pieces,
     scoring_timing,
     trace_counts,
     utc_now,
@@ -172,12 +176,10 @@ def diagnose(
     counts = prompt_counts(traces, len(prepared.rendered))
     checkpoint = diagnosis.recorded["checkpoint"]
     metrics = measure(scores, counts, settings.analysis, checkpoint, prepared.input_rows)
-    flow_metrics, not_measured = measure_flow(scores, settings.analysis, settings.scoring.no_flow)
-    metrics.update(flow_metrics)
-    early, early_metrics = measure_early(
-        scores, settings.analysis, not_measured, diagnosis.flow_thresholds.early_post_hoc
+    not_measured, early = measure_actions(
+        scores, settings, diagnosis.flow_thresholds.early_post_hoc, metrics
     )
-    metrics.update(early_metrics)
+    where, tokens = measure_tokens(diagnosis, scores, traces, backend.decode, metrics)
     prior, prior_timing = measure_under_baseline(diagnosis, prepared, traces, scores, metrics)
     measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None
     why = explain(
@@ -189,6 +191,7 @@ def diagnose(
         flow=decide_flow(metrics, diagnosis.flow_thresholds, not_measured),
         early_answer=early,
         prior=prior,
+        token_information=where,
         thresholds=diagnosis.thresholds,
         flow_thresholds=diagnosis.flow_thresholds,
         settings={
@@ -209,8 +212,23 @@ def diagnose(
         report.save(dump_dir / REPORT_FILE)
         report.dump_dir = dump_dir
     else:
-        report.evidence = evidence(scores, traces, prepared, measured_flow)
+        report.evidence = evidence(scores, traces, prepared, measured_flow, tokens, backend.decode)
     return report
+
+
+def measure_tokens(
+    diagnosis: Diagnosis, scores: CrossScores, traces: Sequence[Trace], decode: Decode,
+    metrics: dict[str, Any],
+) -> tuple[WhereInputShows, TokenInformation | None]:  # fmt: skip
+    """SPEC "Where the input shows": the section, its summaries added to `metrics`, and each
+    token's values (written to the dump with each token's text, where there is one)."""
+    skipped = diagnosis.settings.scoring.no_token_information
+    where, where_metrics, tokens = measure_where(scores, diagnosis.settings.analysis, skipped)
+    metrics.update(where_metrics)
+    if tokens is not None and diagnosis.dump_dir is not None:
+        text = scored_pieces(scores, traces, decode)
+        write_token_information(diagnosis.dump_dir, tokens, text)
+    return where, tokens
 
 
 def measure_under_baseline(

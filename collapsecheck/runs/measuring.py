@@ -33,6 +33,14 @@ from collapsecheck.measures.metrics import (
     count_per_prompt,
 )
 from collapsecheck.measures.prior import PriorLogProbs, compute_prior
+from collapsecheck.measures.token_information import (
+    TokenInformation,
+    WhereInputShows,
+    compute_where,
+    row_summaries,
+    token_information,
+)
+from collapsecheck.measures.token_information import not_measured as where_not_measured
 from collapsecheck.progress import ProgressHook
 from collapsecheck.runs.preparation import Prepared
 from collapsecheck.runs.sampling import no_reasoning_hint
@@ -69,6 +77,7 @@ def score_traces(
         image_swap=swap_reason(prepared.ids) is None,
         temperature=temperature,
         early_fractions=settings.scoring.early_fractions,
+        token_information=not settings.scoring.no_token_information,
     )
 
 
@@ -96,6 +105,18 @@ def measure_early(
     return compute_early_answer(
         early, resamples=analysis.bootstrap, seed=analysis.seed, post_hoc=post_hoc
     )
+
+
+def measure_actions(
+    scores: CrossScores, settings: Settings, post_hoc: float, metrics: dict[str, Any]
+) -> tuple[str | None, EarlyAnswer]:
+    """The flow's and early answering's metrics, added to `metrics`; why the flow was not
+    measured (None where it was) and early answering's section."""
+    flow_metrics, not_measured = measure_flow(scores, settings.analysis, settings.scoring.no_flow)
+    metrics.update(flow_metrics)
+    early, early_metrics = measure_early(scores, settings.analysis, not_measured, post_hoc)
+    metrics.update(early_metrics)
+    return not_measured, early
 
 
 def prompt_counts(traces: Sequence[Trace], num_prompts: int) -> PromptCounts:
@@ -144,3 +165,21 @@ def measure_prior(
         prior, own, scores.reasoning_tokens, matrix.row_prompt, matrix.num_prompts
     )
     return compute_prior(logprobs, resamples=analysis.bootstrap, seed=analysis.seed)
+
+
+SUMS_ONLY = "the scorer gave one sum per pair, not each token's log-probability"
+
+
+def measure_where(
+    scores: CrossScores, analysis: AnalysisSettings, skipped: bool
+) -> tuple[WhereInputShows, dict[str, MetricValue], TokenInformation | None]:
+    """SPEC "Where the input shows": the section, its summaries, and each token's
+    information and own-prompt posterior; not measured with --no-token-information or where
+    the scorer reads sums only."""
+    if skipped or scores.tokens is None:
+        return (*where_not_measured("--no-token-information" if skipped else SUMS_ONLY), None)
+    matrix = scores.matrix
+    tokens = token_information(scores.tokens)
+    rows = row_summaries(tokens, matrix.row_prompt, matrix.num_prompts)
+    section, metrics = compute_where(rows, resamples=analysis.bootstrap, seed=analysis.seed)
+    return section, metrics, tokens

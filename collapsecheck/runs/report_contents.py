@@ -15,9 +15,11 @@ import numpy as np
 from collapsecheck.engines.backends.base import Backend
 from collapsecheck.engines.cross_scoring import CrossScores, FlowScores
 from collapsecheck.engines.reasoning import (
+    Decode,
     Trace,
     action_spec,
     reasoning_spec,
+    token_pieces,
 )
 from collapsecheck.inputs.images import image_runs, swap_reason
 from collapsecheck.inputs.prompts import (
@@ -27,6 +29,7 @@ from collapsecheck.inputs.samples import SampledPrompts
 from collapsecheck.measures.flow import (
     FlowLogProbs,
 )
+from collapsecheck.measures.token_information import TokenInformation
 from collapsecheck.reports.evidence import Evidence
 from collapsecheck.runs.loading import versions
 from collapsecheck.runs.preparation import Prepared
@@ -169,13 +172,22 @@ def elapsed(since: float) -> float:
 
 
 def evidence(
-    scores: CrossScores, traces: Sequence[Trace], prepared: Prepared, flow: FlowLogProbs | None
-) -> Evidence:
+    scores: CrossScores, traces: Sequence[Trace], prepared: Prepared, flow: FlowLogProbs | None,
+    tokens: TokenInformation | None, decode: Decode,
+) -> Evidence:  # fmt: skip
     """What the report's page draws, kept in memory where no dump holds it."""
     reasoning = [traces[int(i)].reasoning for i in scores.row_trace_index]
     rendered = prepared.rendered
     images = [tuple(image for _, image in p.images) for p in rendered]
-    return Evidence(scores.matrix, reasoning, [p.text for p in rendered], flow, images)
+    text = scored_pieces(scores, traces, decode) if tokens is not None else []
+    return Evidence(
+        scores.matrix, reasoning, [p.text for p in rendered], flow, images, tokens, text
+    )
+
+
+def scored_pieces(scores: CrossScores, traces: Sequence[Trace], decode: Decode) -> list[str]:
+    """The text of each reasoning token of the scored rows, rows in the matrix's order."""
+    return token_pieces([traces[int(i)].reasoning_ids for i in scores.row_trace_index], decode)
 
 
 def prompt_rows(

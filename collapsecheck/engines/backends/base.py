@@ -24,6 +24,7 @@ __all__ = [
     "Sample",
     "SamplingParams",
     "ScoreRequest",
+    "TokenLogProbs",
     "decode_ids",
     "no_progress",
 ]
@@ -83,6 +84,36 @@ class ScoreRequest:
         return self.host if self.host is not None else self.continuation[: self.stem_length]
 
 
+@dataclass(frozen=True)
+class TokenLogProbs:
+    """What `Backend.loglikelihood_per_token` gives: per request, the sum `loglikelihood`
+    gives (`sums`) and the log-probability of each scored token, request i's being
+    `values[offsets[i]:offsets[i + 1]]` (float64). `values` and `offsets` are None where the
+    backend reads sums only (a caller's function that returns them)."""
+
+    sums: np.ndarray
+    values: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, sums: np.ndarray, tokens: Sequence[np.ndarray] | None) -> TokenLogProbs:
+        """From the sums and, where read, each request's per-token array."""
+        if tokens is None:
+            return cls(sums)
+        lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        values = np.concatenate([np.asarray(t, dtype=np.float64) for t in tokens] or [[]])
+        return cls(sums, values, offsets)
+
+    @property
+    def per_token(self) -> bool:
+        return self.values is not None
+
+    def of_request(self, index: int) -> np.ndarray:
+        """Request `index`'s per-token values (its scored tokens, in order)."""
+        return self.values[self.offsets[index] : self.offsets[index + 1]]
+
+
 class Backend(Protocol):
     """What every model backend provides. A backend is registered by name in
     `collapsecheck.engines.backends.registry` and builds itself with `from_checkpoint`."""
@@ -113,6 +144,13 @@ class Backend(Protocol):
         """Sum of log-probabilities of each request's scored tokens (float64, one per request)
         under the policy at `temperature` (softmax of logits / temperature: the distribution
         the traces were sampled from)."""
+        ...
+
+    def loglikelihood_per_token(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> TokenLogProbs:
+        """`loglikelihood`'s sums, the same numbers, and each scored token's log-probability
+        (SPEC "Where the input shows"), in one pass."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -183,6 +221,12 @@ class SplitBackend:
         self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
     ) -> np.ndarray:
         return self._scoring_backend().loglikelihood(requests, progress, temperature)
+
+    def loglikelihood_per_token(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> TokenLogProbs:
+        scorer = self._scoring_backend()
+        return scorer.loglikelihood_per_token(requests, progress, temperature)
 
     def decode(self, ids: Sequence[int]) -> str:
         return decode_ids(self.tokenizer, ids)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from collapsecheck.engines.backends.base import Progress, ScoreRequest
+from collapsecheck.engines.backends.base import Progress, ScoreRequest, TokenLogProbs
 from collapsecheck.engines.backends.hf_layout import RowLayout, StemRow
 from collapsecheck.errors import CollapsecheckError
 
@@ -124,6 +124,31 @@ def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
     return (logprobs.double() * mask).sum(dim=1).cpu().numpy()
 
 
+class Scored:
+    """What one scoring call writes: each request's sum and, where asked (`per_token`), the
+    log-probability of each of its scored tokens."""
+
+    def __init__(self, count: int, per_token: bool) -> None:
+        self.sums = np.zeros(count, dtype=np.float64)
+        self.tokens: list[np.ndarray] | None = [np.empty(0)] * count if per_token else None
+
+    def put(
+        self, requests: Sequence[int], sums: np.ndarray, logprobs: torch.Tensor,
+        spans: Sequence[tuple[int, int, int]],
+    ) -> None:  # fmt: skip
+        """The `requests`' sums and, per token, `logprobs[row, start:end]` of each one's span
+        (row, start, end)."""
+        self.sums[requests] = sums
+        if self.tokens is None:
+            return
+        rows = logprobs.double().cpu().numpy()
+        for request, (row, start, end) in zip(requests, spans, strict=True):
+            self.tokens[request] = rows[row, start:end].copy()
+
+    def result(self) -> TokenLogProbs:
+        return TokenLogProbs.of(self.sums, self.tokens)
+
+
 def _right_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> torch.Tensor:
     width = max(len(r) for r in rows)
     out = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -154,7 +179,7 @@ class _StemGroup:
     cache: Any
     first_logits: torch.Tensor  # the context's logits for the first stem token
     sequences: list[StemRow]
-    out: np.ndarray
+    out: Scored
     offset: int = 0  # what a continuation's positions add beyond the context's length
     temperature: float = 1.0  # the one the traces were sampled at
 
@@ -185,11 +210,22 @@ class TransformersScoring:
         """The model's forward on `inputs` after the key/value cache `cache`."""
         return self.model(**inputs, **{self.cache_keyword: cache})
 
-    @torch.inference_mode()
     def loglikelihood(
         self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
     ) -> np.ndarray:
-        out = np.zeros(len(requests), dtype=np.float64)
+        return self._score(requests, progress, temperature, per_token=False).sums
+
+    def loglikelihood_per_token(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> TokenLogProbs:
+        return self._score(requests, progress, temperature, per_token=True).result()
+
+    @torch.inference_mode()
+    def _score(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float,
+        per_token: bool,
+    ) -> Scored:  # fmt: skip
+        out = Scored(len(requests), per_token)
         if self.scorer == "naive":
             self._score_naive(requests, out, progress, temperature)
         else:
@@ -228,7 +264,7 @@ class TransformersScoring:
             progress(done)
 
     def _score_naive(
-        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        self, requests: Sequence[ScoreRequest], out: Scored, progress: Progress,
         temperature: float,
     ) -> None:  # fmt: skip
         def score(batch: list[int]) -> int:
@@ -241,7 +277,8 @@ class TransformersScoring:
             ends = [len(r) - 1 for r in rows]
             mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
             logprobs = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
-            out[batch] = masked_sums(logprobs, mask)
+            spans = [(b, s, e) for b, (s, e) in enumerate(zip(starts, ends, strict=True))]
+            out.put(batch, masked_sums(logprobs, mask), logprobs, spans)
             return len(batch)
 
         lengths = [len(r.context) + len(r.continuation) for r in requests]
@@ -265,7 +302,7 @@ class TransformersScoring:
             yield context, returned_cache(out), out.logits[:, -1, :]
 
     def _score_cached(
-        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        self, requests: Sequence[ScoreRequest], out: Scored, progress: Progress,
         temperature: float,
     ) -> None:  # fmt: skip
         """Each distinct context is run once; each distinct stem once on top of it (batched by
@@ -316,5 +353,5 @@ class TransformersScoring:
         totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
         spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
         values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]
-        group.out[layout.requests] = values.numpy()
+        group.out.put(layout.requests, values.numpy(), logprobs, layout.spans)
         return len(layout.requests)

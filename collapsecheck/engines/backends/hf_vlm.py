@@ -32,7 +32,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams, ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend
-from collapsecheck.engines.backends.hf_scoring import returned_cache, token_logprobs
+from collapsecheck.engines.backends.hf_scoring import Scored, returned_cache, token_logprobs
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import ImageSlots, PromptImage, image_runs
 from collapsecheck.inputs.prompts import RenderedPrompt
@@ -225,7 +225,7 @@ class VisionLanguageBackend(TransformersBackend):
             yield context, *self._prefill(context)
 
     def _score_naive(
-        self, requests: Sequence[ScoreRequest], out: np.ndarray, progress: Progress,
+        self, requests: Sequence[ScoreRequest], out: Scored, progress: Progress,
         temperature: float,
     ) -> None:  # fmt: skip
         """One plain forward pass of [context | continuation] per request, images and all."""
@@ -235,10 +235,10 @@ class VisionLanguageBackend(TransformersBackend):
             inputs.pop("delta")
             logits = self._forward(inputs).logits[0, :-1]
             targets = torch.tensor(row[1:], device=self.device).clamp(min=0)
-            logprobs = token_logprobs(logits[None], targets[None], temperature)[0]
-            out[index] = float(
-                logprobs[len(request.context) + request.scored_from - 1 :].double().sum()
-            )
+            logprobs = token_logprobs(logits[None], targets[None], temperature)
+            start = len(request.context) + request.scored_from - 1
+            total = np.array([float(logprobs[0, start:].double().sum())])
+            out.put([index], total, logprobs, [(0, start, len(row) - 1)])
             progress(1)
 
     def _sample_batch(

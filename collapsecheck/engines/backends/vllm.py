@@ -21,6 +21,7 @@ from collapsecheck.engines.backends.base import (
     Sample,
     SamplingParams,
     ScoreRequest,
+    TokenLogProbs,
     decode_ids,
     prompt_seed,
     stop_token_ids,
@@ -177,6 +178,12 @@ class VLLMBackend:
         """Prompt log-probabilities of [context | continuation], summed over the scored part.
         vLLM's prompt log-probabilities are the raw model's (temperature 1, whatever
         `logprobs_mode` says): another temperature is refused, not read wrong."""
+        return self.loglikelihood_per_token(requests, progress, temperature).sums
+
+    def loglikelihood_per_token(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> TokenLogProbs:
+        """Each scored token's prompt log-probability, and their sums (as `loglikelihood`)."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -185,15 +192,15 @@ class VLLMBackend:
         settings = VLLMSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         prompts = [TokensPrompt(prompt_token_ids=[*r.context, *r.continuation]) for r in requests]
         outputs = self.llm.generate(prompts, settings, use_tqdm=False)
-        sums = np.zeros(len(requests), dtype=np.float64)
+        sums, tokens = np.zeros(len(requests), dtype=np.float64), []
         for index, (request, output) in enumerate(zip(requests, outputs, strict=True)):
             ids = output.prompt_token_ids
             start = len(request.context) + request.scored_from
-            sums[index] = sum(
-                output.prompt_logprobs[t][ids[t]].logprob for t in range(start, len(ids))
-            )
+            values = [output.prompt_logprobs[t][ids[t]].logprob for t in range(start, len(ids))]
+            sums[index] = sum(values)
+            tokens.append(np.array(values, dtype=np.float64))
         progress(len(requests))
-        return sums
+        return TokenLogProbs.of(sums, tokens)
 
     def close(self) -> None:
         """Stop the engine and its worker processes, and give their memory back."""

@@ -15,6 +15,10 @@ re-encode to the same ids; nothing is downloaded. A random-weight model draws ne
 tokens and rarely stops: every trace runs its whole length, the worst case for time.
 
     python bench/gpu_real_shape.py [--checkpoints 4] [--out DIR]    # needs a CUDA device
+
+`--token-information-cost` scans the run again without SPEC "Where the input shows": the
+samples cache answers, so only scoring runs again, and the last step's two scoring times
+give its cost at this shape.
 """
 
 from __future__ import annotations
@@ -98,6 +102,10 @@ def main() -> None:
     parser.add_argument("--reasoning-tokens", type=int, default=512)
     parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape on the CPU")
+    parser.add_argument(
+        "--token-information-cost", action="store_true",
+        help="score the last checkpoint's samples again without where the input shows",
+    )  # fmt: skip
     args = parser.parse_args()
     shape, device = (SMOKE, "cpu") if args.smoke else (QWEN25_15B, "cuda")
     peak = matmul_peak(device, torch.bfloat16, 1024 if args.smoke else 8192, repeats=10)
@@ -109,12 +117,17 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        report = scan_run(
-            run, prompts, device=device, dtype="bfloat16", num_prompts=args.n, k=args.k,
+        flags = dict(
+            device=device, dtype="bfloat16", num_prompts=args.n, k=args.k,
             max_new_tokens=args.reasoning_tokens, whole_response=True, training_log=False,
             cache_root=root / "cache",
         )  # fmt: skip
+        report = scan_run(run, prompts, **flags)
         wall = time.perf_counter() - started
+        without = None
+        if args.token_information_cost:  # the samples cache answers: scoring alone runs again
+            again = scan_run(run, prompts, no_token_information=True, **flags).steps[-1].report
+            without = checkpoint_figures(again, params, peak)
     steps = [checkpoint_figures(step.report, params, peak) for step in report.steps]
     figures = {
         "machine": machine(device),
@@ -127,6 +140,7 @@ def main() -> None:
         "per_checkpoint_s": wall / args.checkpoints,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
         "steps": steps,
+        "last_step_without_token_information": without,
     }
     print(json.dumps(figures, indent=1))
     if args.out:

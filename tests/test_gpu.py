@@ -80,6 +80,30 @@ def test_packed_branches_in_bfloat16_match_a_plain_forward_pass(random_checkpoin
     assert np.abs(scores - expected).max() < 0.05
 
 
+@pytest.mark.parametrize("requests", [branching_requests, cut_reasoning_requests])
+def test_per_token_values_on_cuda_match_a_plain_forward_pass(random_checkpoint, requests):
+    """SPEC "Where the input shows" on CUDA in float32: each scored token's log-probability
+    from the cached scorer's packed rows against one plain forward pass per request, and
+    their sums equal `loglikelihood`'s."""
+    backend = TransformersBackend.from_checkpoint(
+        random_checkpoint, LoadSettings(device="cuda", dtype="float32", batch_tokens=4096)
+    )
+    asked = requests()
+    per_token = backend.loglikelihood_per_token(asked, no_progress)
+    assert np.abs(per_token.sums - backend.loglikelihood(asked, no_progress)).max() < 1e-9
+    for index, request in enumerate(asked):
+        expected = cuda_token_reference(backend.model, request)
+        assert np.abs(per_token.of_request(index) - expected).max() < 1e-3
+
+
+def cuda_token_reference(model, request) -> np.ndarray:
+    ids = torch.tensor([request.context + request.continuation], device="cuda")
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    start = len(request.context) + request.scored_from
+    return np.array([float(logprobs[t - 1, ids[0, t]]) for t in range(start, ids.shape[1])])
+
+
 def cuda_reference(model, request):
     ids = torch.tensor([request.context + request.continuation], device="cuda")
     with torch.no_grad():

@@ -269,9 +269,12 @@ def _percent(value: float) -> str:
     return f"{100 * value:.0f}%"
 
 
+POSITION_PREFIX = "information_by_position/"
+
+
 def position_key(position: int) -> str:
     """The name of one tenth of the profile where numbers are flat (scalars, compare)."""
-    return f"information_by_position/{position}"
+    return f"{POSITION_PREFIX}{position}"
 
 
 def _flat(means: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

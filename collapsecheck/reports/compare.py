@@ -26,6 +26,14 @@ from collapsecheck.measures.metrics import (
     point_value,
 )
 from collapsecheck.measures.prior import PRIOR_METRICS
+from collapsecheck.measures.token_information import (
+    POSITION_PREFIX,
+    POSITIONS,
+    WHERE_KEYS,
+    paired_where_differences,
+    position_key,
+    row_summaries,
+)
 from collapsecheck.measures.verdict import DEPENDENCE_KEYS
 from collapsecheck.reports.dump import (
     MATRIX_FILE,
@@ -33,6 +41,7 @@ from collapsecheck.reports.dump import (
     read_early,
     read_flow,
     read_image_swapped,
+    read_token_information,
 )
 from collapsecheck.reports.report import Report, metric_to_json
 
@@ -128,6 +137,8 @@ class Comparison:
         report = self.a if which == "a" else self.b
         if key in report.metrics:
             return report.metrics[key]
+        if key.startswith(POSITION_PREFIX):
+            return report.token_information.by_position[int(key.removeprefix(POSITION_PREFIX))]
         return (report.snr or {}).get(key, float("nan"))
 
     def value(self, which: str, key: str) -> float:
@@ -219,6 +230,44 @@ def early_change(deltas: dict[str, Estimate]) -> str:
     )
 
 
+def where_deltas(
+    a: Report, b: Report, matrices: tuple[CrossLogProbs, CrossLogProbs] | None,
+    resamples: int, seed: int,
+) -> dict[str, Estimate]:  # fmt: skip
+    """B - A of SPEC "Where the input shows" (its summaries and each tenth) where both
+    measured it: paired from the dumps' token_information.npz when both hold one, else from
+    the reports' intervals."""
+    first, second = a.token_information, b.token_information
+    if NOT_MEASURED in (first.regime, second.regime):
+        return {}
+    tokens = [read_token_information(r.dump_dir) for r in (a, b)] if matrices is not None else []
+    if tokens and all(t is not None for t in tokens):
+        rows = [
+            row_summaries(t[0], m.row_prompt, m.num_prompts)
+            for t, m in zip(tokens, matrices, strict=True)
+        ]
+        return paired_where_differences(*rows, resamples=resamples, seed=seed)
+    deltas = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in WHERE_KEYS}
+    for d, x, y in zip(range(POSITIONS), first.by_position, second.by_position, strict=True):
+        deltas[position_key(d)] = _unpaired_delta(x, y)
+    return deltas
+
+
+def where_change(a: Report, b: Report, deltas: dict[str, Estimate]) -> str:
+    """What the compare line says where B's reasoning carries the input in other tenths
+    than A's beyond noise (each tenth whose interval of the change excludes 0)."""
+    moved = []
+    for d in range(POSITIONS):
+        delta = deltas.get(position_key(d))
+        if delta is not None and not delta.low <= 0 <= delta.high:
+            side = "more" if delta.value > 0 else "less"
+            moved.append(f"{side} at {10 * d}-{10 * d + 10}% ({delta.value:+.2f} nats)")
+    if not moved:
+        return ""
+    regimes = f"A {a.token_information.regime}, B {b.token_information.regime}"
+    return f"; where the input shows moved beyond noise ({regimes}): " + ", ".join(moved)
+
+
 def image_deltas(
     a: Report, b: Report, matrices: tuple[CrossLogProbs, CrossLogProbs] | None,
     resamples: int, seed: int,
@@ -288,6 +337,7 @@ def compare_reports(
     deltas.update(flow_deltas(a, b, flows, resamples, seed))
     deltas.update(early_deltas(a, b, flows, resamples, seed))
     deltas.update(image_deltas(a, b, matrices, resamples, seed))
+    deltas.update(where_deltas(a, b, matrices, resamples, seed))
     deltas.update(snr_deltas(a, b))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
     lost = len(dropped) == len(DEPENDENCE_KEYS)
@@ -302,5 +352,6 @@ def compare_reports(
             "image_share", deltas["image_share"]
         )
     reason += early_change(deltas)
+    reason += where_change(a, b, deltas)
     warnings += early_fractions_differ(a, b)
     return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

@@ -30,6 +30,7 @@ from collapsecheck.formatting import (
 from collapsecheck.measures.image_share import READINGS, image_reading
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.per_prompt import most_collapsed
+from collapsecheck.measures.token_information import POSITION_PREFIX
 from collapsecheck.measures.verdict import GROUNDED, INCONCLUSIVE
 from collapsecheck.progress import ProgressHook
 from collapsecheck.reports.compare import Comparison
@@ -165,9 +166,27 @@ def early_answer_line(report: Report) -> Text | None:
     return line
 
 
+WHERE_STYLES = {"early": "bold green", "spread": "bold green", "late": "bold green"}
+
+
+def where_line(report: Report) -> Text | None:
+    """Where the input shows in the reasoning (SPEC "Where the input shows"), in one line
+    under the verdict; None where it was not measured."""
+    where = report.token_information
+    if where.regime == "not_measured":
+        return None
+    line = Text("where the input shows: ", style="bold")
+    line.append(where.regime, style=WHERE_STYLES.get(where.regime, COLLAPSE_STYLE))
+    line.append(f" — {where.reason}")
+    return line
+
+
 def print_decisions(console: Console, report: Report) -> None:
-    """The verdict, the flow's and early answering's lines."""
+    """The verdict, where the input shows, the flow's and early answering's lines."""
     console.print(verdict_line(report))
+    where = where_line(report)
+    if where is not None:
+        console.print(where)
     console.print(flow_line(report))
     early = early_answer_line(report)
     if early is not None:
@@ -467,6 +486,8 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for column in ("metric", "A", "B", "B - A", "95% interval of B - A"):
         table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
     for key, delta in comparison.deltas.items():
+        if key.startswith(POSITION_PREFIX):  # the tenths: the reason line names those that moved
+            continue
         table.add_row(
             key,
             _format(comparison.value("a", key)),

@@ -214,3 +214,40 @@ def early_answer_picture(curves: list[tuple[str, Any]]) -> str:
     if len(curves) > 1:
         ax.legend(fontsize=7, title="step", title_fontsize=7, loc="best", ncol=2)
     return data_uri(figure)
+
+
+TENTHS = [f"{10 * d}-{10 * d + 10}" for d in range(10)]
+
+
+def information_picture(where: Any) -> str:
+    """SPEC "Where the input shows": a scan's information in each tenth of its reasoning
+    (a `WhereInputShows`), nats a trace, with 95% intervals. PNG data URI."""
+    plt = _pyplot()
+    value = np.array([p.value for p in where.by_position])
+    low = np.array([p.low for p in where.by_position])
+    high = np.array([p.high for p in where.by_position])
+    figure, ax = plt.subplots(figsize=(5.5, 2.8))
+    colours = np.where(value >= 0, "#2166ac", "#b2182b")
+    ax.bar(TENTHS, value, color=colours, yerr=[value - low, high - value], capsize=2)
+    ax.axhline(0.0, color="0.55", lw=0.8)
+    ax.set_xlabel("tenth of the reasoning (%)")
+    ax.set_ylabel("information (nats a trace)")
+    ax.tick_params(axis="x", labelsize=7)
+    return data_uri(figure)
+
+
+def information_by_step_picture(steps: list[tuple[str, Any]]) -> str:
+    """Each step's information by tenth of its reasoning (a row per step, earliest on top),
+    on one colour scale centred on 0 (blue: the tokens there carry the input). PNG data
+    URI."""
+    plt = _pyplot()
+    cells = np.array([[p.value for p in where.by_position] for _, where in steps])
+    limit = max(float(np.nanmax(np.abs(cells))), 1e-3)
+    figure, ax = plt.subplots(figsize=(6.0, 0.9 + 0.28 * len(steps)))
+    shown = ax.imshow(cells, cmap=COLORMAP, vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(10), TENTHS, fontsize=7)
+    ax.set_yticks(range(len(steps)), [label for label, _ in steps], fontsize=7)
+    ax.set_xlabel("tenth of the reasoning (%)")
+    ax.set_ylabel("step")
+    figure.colorbar(shown, ax=ax, label="nats a trace")
+    return data_uri(figure)

@@ -104,6 +104,14 @@ def metric_cell(report: Report, key: str) -> str:
     return format_metric(key, float(metric))
 
 
+def where_input_shows(report: Report) -> list[str]:
+    """SPEC "Where the input shows" in the summary, where it was measured."""
+    where = report.token_information
+    if where.regime == "not_measured":
+        return []
+    return [f"**Where the input shows: `{where.regime}`**: {where.reason}", ""]
+
+
 def where_from(report: Report) -> list[str]:
     """SPEC "Scored under the start" in the summary, where it was read."""
     prior = report.prior
@@ -128,7 +136,7 @@ def markdown_run(run: RunReport) -> list[str]:
     """The run's table and onset, in Markdown."""
     logged = run.logged_series
     header = ["step", "normalized MI", "retrieval skill", "H(Z\\|X) nats/token", "regime", "flow"]
-    header.append("early answer")
+    header += ["where the input shows", "early answer"]
     if run.scored_under_start:
         header.append("from the start: typicality, KL nats/trace")
     header += [f"{name} (log)" for name in logged]
@@ -137,6 +145,7 @@ def markdown_run(run: RunReport) -> list[str]:
         report = step.report
         cells = [metric_cell(report, key) for key in RUN_KEYS]
         cells += [f"`{report.verdict.label}`", f"`{report.flow.regime}`"]
+        cells.append(report.token_information.short(report.metrics))
         cells.append(f"`{report.early_answer.regime}`")
         if run.scored_under_start:
             cells.append(start_cell(report))
@@ -177,6 +186,7 @@ def markdown_report(
         *(markdown_run(run) if run is not None else []),
         f"**Verdict: `{report.verdict.label}`**: {report.verdict.reason}",
         "",
+        *where_input_shows(report),
         f"**Flow: `{report.flow.regime}`**: {report.flow.reason}",
         "",
         f"**Early answer: `{report.early_answer.regime}`**: {report.early_answer.reason}",

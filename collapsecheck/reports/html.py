@@ -44,6 +44,13 @@ from collapsecheck.reports.gate import metric_cell
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import RunReport
 from collapsecheck.reports.template_spans import PLAIN, Segment, shared_spans
+from collapsecheck.reports.token_shading import (
+    shaded_rows,
+    shaded_trace,
+    shading_scale,
+    where_along_run,
+    where_section,
+)
 from collapsecheck.version import __version__
 
 CONSOLE_WIDTH = 160  # the run table's columns fit; the page scrolls it sideways
@@ -307,18 +314,29 @@ def side_by_side(report: Report, evidence: Evidence) -> str:
     )  # fmt: skip
 
 
+def trace_html(evidence: Evidence, row: int, scale: float, shaded: set[int]) -> str:
+    """A row's reasoning, each token shaded by its information where the page shades it."""
+    if row in shaded:
+        return shaded_trace(evidence, row, scale, TRACE_CHARS) or ""
+    return escape(_cut(evidence.reasoning[row]))
+
+
 def traces_by_prompt(report: Report, evidence: Evidence, anchor: str) -> str:
-    """Every prompt's traces, each folded under its prompt (the table links here)."""
+    """Every prompt's traces, each folded under its prompt (the table links here), each
+    token shaded by its information where it was measured (SPEC "Where the input shows")."""
     own = {row["index"]: row.get("own_mi") for row in report.per_prompt}
+    scale, shaded = shading_scale(evidence), shaded_rows(evidence)
     blocks = []
     for j in range(evidence.matrix.num_prompts):
-        traces = traces_of(evidence, j)
+        rows = np.flatnonzero(evidence.matrix.row_prompt == j)
         mi = own.get(j)
         label = f"prompt {j}" + ("" if mi is None else f" (own MI {format_number(mi)})")
-        items = "".join(f'<div class="trace">{escape(_cut(t))}</div>' for t in traces)
+        items = "".join(
+            f'<div class="trace">{trace_html(evidence, int(r), scale, shaded)}</div>' for r in rows
+        )
         blocks.append(
             f'<details class="prompt" id="{anchor}prompt-{j}"><summary>{escape(label)}, '
-            f"{len(traces)} scored traces</summary>"
+            f"{len(rows)} scored traces</summary>"
             f'<div class="trace"><b>prompt:</b> {escape(_cut(evidence.prompts[j]))}</div>'
             f"{items}</details>"
         )
@@ -340,6 +358,7 @@ def report_body(report: Report, anchor: str = "") -> str:
         [
             verdict_banner(report),
             matrix_section(report, evidence),
+            where_section(report.token_information, evidence, TRACE_CHARS),
             early_answer_section([("", report.early_answer)], "Early answering"),
             side_by_side(report, evidence),
             numbers,
@@ -430,6 +449,7 @@ def run_page(run: RunReport, title: str) -> str:
         verdict_banner(latest.report),
         f'<div class="plot">{svg_text(run_figure(run))}</div>',
         step_strip(run),
+        where_along_run([(s.checkpoint.label, s.report.token_information) for s in run.steps]),
         early_answer_section(
             [(s.checkpoint.label, s.report.early_answer) for s in run.steps],
             "Early answering along the run",

@@ -16,6 +16,7 @@ from collapsecheck.measures.flow import SHARE_KEYS as FLOW_SHARES
 from collapsecheck.measures.metrics import point_value
 from collapsecheck.measures.onset import Onset
 from collapsecheck.measures.prior import PRIOR_METRICS
+from collapsecheck.measures.token_information import WHERE_KEYS, position_key
 from collapsecheck.reports.report import KEY_METRICS, Report
 
 RUN_FORMAT = 1
@@ -142,6 +143,7 @@ class RunReport:
             row["kind_uncertain"] = step.report.verdict.kind_uncertain
             row["flow"] = step.report.flow.regime
             row.update({key: point_value(metrics[key]) for key in FLOW_SHARES if key in metrics})
+            row.update(where_columns(step.report))
             row["early_answer"] = step.report.early_answer.regime
             row.update({key: point_value(metrics[key]) for key in EARLY_KEYS if key in metrics})
             row["prior"] = step.report.prior.regime
@@ -153,3 +155,15 @@ class RunReport:
         import json
 
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def where_columns(report: Report) -> dict[str, Any]:
+    """A run frame's columns of SPEC "Where the input shows": the reading, the summaries
+    and the information in each tenth of the reasoning."""
+    where = report.token_information
+    columns: dict[str, Any] = {"where_input_shows": where.regime}
+    columns.update(
+        {key: point_value(report.metrics[key]) for key in WHERE_KEYS if key in report.metrics}
+    )
+    columns.update((position_key(d), value.value) for d, value in enumerate(where.by_position))
+    return columns

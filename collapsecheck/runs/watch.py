@@ -243,7 +243,8 @@ def step_line(report: Report, unit: WorkUnit, written: float) -> str:
     return (
         f"step {unit.label}: {report.verdict.label}, normalized MI "
         f"{format_number(report.value('normalized_mi'))}, retrieval skill "
-        f"{format_number(report.value('retrieval_skill'))}, flow "
+        f"{format_number(report.value('retrieval_skill'))}, input shows "
+        f"{report.token_information.short(report.metrics)}, flow "
         f"{report.flow.regime.replace('_', ' ')}, early answer "
         f"{report.early_answer.short(report.metrics)}{start_words(report)} ({scored}written "
         f"{at}, diagnosed {lag:.0f} s later)"

@@ -48,7 +48,8 @@ def per_pair_tokens(returned: Any, continuations: list[list[int]]) -> np.ndarray
     values = list(returned)
     if len(values) != pairs:
         raise CollapsecheckError(
-            f"the log-likelihood function returned {len(values)} values for {pairs} pairs"
+            f"the log-likelihood function returned {len(values)} values for {pairs} pairs: it "
+            "must return one number per pair, or each pair's per-token log-probabilities"
         )
     if all(np.ndim(v) == 0 for v in values):
         return np.asarray(values, dtype=np.float64)

@@ -13,7 +13,8 @@ from collapsecheck.cli import app
 from collapsecheck.measures.early_answer import EARLY_KEYS, compute_early_answer
 from collapsecheck.measures.flow import FLOW_KEYS, compute_flow_metrics
 from collapsecheck.measures.metrics import compute_metrics
-from collapsecheck.reports.dump import read_dump, read_early, read_flow
+from collapsecheck.measures.token_information import WHERE_KEYS, compute_where, row_summaries
+from collapsecheck.reports.dump import read_dump, read_early, read_flow, read_token_information
 from collapsecheck.reports.report import Report, metric_to_json
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS
 
@@ -56,6 +57,7 @@ def test_dump_round_trip_reproduces_the_report(tmp_path):
         "per_prompt.jsonl",
         "prompts.jsonl",
         "report.json",
+        "token_information.npz",
         "traces.jsonl",
     ]
     report = Report.load(dump / "report.json")
@@ -64,7 +66,7 @@ def test_dump_round_trip_reproduces_the_report(tmp_path):
     assert {k: metric_to_json(v) for k, v in again.items()} == {
         k: metric_to_json(v)
         for k, v in report.metrics.items()
-        if k not in FLOW_KEYS and k not in EARLY_KEYS
+        if k not in FLOW_KEYS and k not in EARLY_KEYS and k not in WHERE_KEYS
     }
     flow = compute_flow_metrics(read_flow(dump), resamples=200, seed=0)
     assert {k: metric_to_json(v) for k, v in flow.items()} == {
@@ -76,6 +78,14 @@ def test_dump_round_trip_reproduces_the_report(tmp_path):
     assert early == report.early_answer
     assert {k: metric_to_json(v) for k, v in early_metrics.items()} == {
         k: metric_to_json(report.metrics[k]) for k in EARLY_KEYS
+    }
+    tokens, _ = read_token_information(dump)
+    where, where_metrics = compute_where(
+        row_summaries(tokens, matrix.row_prompt, matrix.num_prompts), resamples=200, seed=0
+    )
+    assert where == report.token_information
+    assert {k: metric_to_json(v) for k, v in where_metrics.items()} == {
+        k: metric_to_json(report.metrics[k]) for k in WHERE_KEYS
     }
     traces = [json.loads(line) for line in (dump / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == 24

@@ -187,6 +187,26 @@ def test_cached_scorer_equals_a_plain_forward_pass_within_1e_4_nats(family):
     assert any(image_token in r.continuation for r in requests)  # sampled, it stays text
 
 
+def test_per_token_values_of_both_scorers_agree_and_sum_to_their_sums(family):
+    """SPEC "Where the input shows" with images: each scored token's log-probability from the
+    cached scorer (3D positions, 4D-masked branches) against the plain pass, within 1e-4, and
+    the sums `loglikelihood` gives unchanged."""
+    backend, rendered = family
+    requests = requests_for(rendered, len(backend.tokenizer))
+    cached = backend.loglikelihood_per_token(requests, no_progress)
+    np.testing.assert_array_equal(cached.sums, backend.loglikelihood(requests, no_progress))
+    backend.scorer = "naive"
+    try:
+        naive = backend.loglikelihood_per_token(requests, no_progress)
+    finally:
+        backend.scorer = "cached"
+    assert np.abs(cached.values - naive.values).max() < 1e-4
+    np.testing.assert_array_equal(cached.offsets, naive.offsets)
+    for index, request in enumerate(requests):
+        assert len(naive.of_request(index)) == len(request.continuation) - request.scored_from
+        assert naive.of_request(index).sum() == pytest.approx(naive.sums[index], abs=1e-9)
+
+
 def test_the_plain_pass_is_the_models_own_forward_with_its_own_positions(family):
     """No positions given: the model computes its 3D positions from the image tokens (and
     Qwen3-VL its deepstack features from the pixels)."""

@@ -67,6 +67,23 @@ def test_vllm_scores_equal_the_reference(engine, reference, prompt_ids):
     assert np.abs(ours - theirs).max() < 1e-3
 
 
+def test_vllm_per_token_prompt_logprobs_equal_the_reference(engine, reference, prompt_ids):
+    """SPEC "Where the input shows": vLLM's prompt log-probabilities token by token, against
+    the transformers reference's, and their sums as `loglikelihood` gives them."""
+    samples = engine.generate(prompt_ids[:3], SamplingParams(k=2, max_new_tokens=32), no_progress)
+    requests = [
+        ScoreRequest(tuple(context), sample.ids, 1)
+        for per_prompt in samples
+        for sample in per_prompt
+        for context in prompt_ids[:3]
+    ]
+    ours = engine.loglikelihood_per_token(requests, no_progress)
+    theirs = reference.loglikelihood_per_token(requests, no_progress)
+    np.testing.assert_array_equal(ours.offsets, theirs.offsets)
+    assert np.abs(ours.values - theirs.values).max() < 1e-3
+    np.testing.assert_array_equal(ours.sums, engine.loglikelihood(requests, no_progress))
+
+
 def test_vllm_scores_a_reasoning_cut_short_as_the_reference(engine, reference, prompt_ids):
     """SPEC "Early answering": a response's last tokens after its first part cut short, each
     request naming the whole first part as its host (the transformers scorer branches from

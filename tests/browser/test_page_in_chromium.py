@@ -25,6 +25,9 @@ SCAN_ARGS = ["-p", str(PROMPTS), "-n", "16", "-k", "8", "--max-new-tokens", "64"
 READS_TEXT = EXAMPLES / "checkpoints" / "vision" / "reads-text"
 VISION_ARGS = ["-p", str(EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl"),
                *SCAN_ARGS[2:]]  # fmt: skip
+# a policy whose reasoning names its state only at its end (SPEC "Where the input shows")
+LATE = EXAMPLES / "checkpoints" / "where-input-shows" / "late"
+LATE_ARGS = [*SCAN_ARGS[:6], "96", *SCAN_ARGS[7:]]
 GRPO_RUN = EXAMPLES / "grpo-run"
 DEMO_RUN = EXAMPLES / "demo-run"
 # the README's headline command (`make grpo-run-scans`'s, paths as typed in the repository),
@@ -71,6 +74,7 @@ def pages(tmp_path_factory):
             ["scan", DEMO_RUN.relative_to(ROOT), *SCAN_ARGS, "--out", out / "cache",
              "--html", out / "demo-run.html"],
             ["scan", READS_TEXT.relative_to(ROOT), *VISION_ARGS, "--html", out / "vision.html"],
+            ["scan", LATE.relative_to(ROOT), *LATE_ARGS, "--html", out / "late.html"],
         ):  # fmt: skip
             result = runner.invoke(app, [str(a) for a in args])
             assert result.exit_code in (0, 1), result.output  # 1: the run's gate fails
@@ -84,7 +88,7 @@ def pages(tmp_path_factory):
         assert compared.exit_code == 0, compared.output
     finally:
         os.chdir(here)
-    names = ("scan", "grpo-run", "demo-run", "vision", "compare")
+    names = ("scan", "grpo-run", "demo-run", "vision", "compare", "late")
     return {name: out / f"{name}.html" for name in names}
 
 
@@ -145,8 +149,11 @@ def test_scan_page_opens_offline_without_errors_and_works(browser, pages, tmp_pa
     widths = images_loaded(page)
     assert widths and all(w > 0 for w in widths)  # every picture decoded
     assert page.locator("img.heatmap").count() == 3  # X->Z and the flow's two
-    assert page.locator("img.curve").count() == 1  # early answering's curve
-    assert page.locator("img.curve").evaluate("img => img.naturalWidth") > 0
+    assert page.locator("img.curve").count() == 2  # where the input shows, early answering
+    assert all(
+        w > 0 for w in page.locator("img.curve").evaluate_all("i => i.map(x => x.naturalWidth)")
+    )
+    assert page.locator("h2", has_text="Where the input shows: nowhere").count() == 1
     assert page.locator("table.prompts tbody tr").count() == 16
     assert page.locator(".side .column").count() == 3
     assert page.locator(".side mark").count() > 0  # the shared spans are marked
@@ -186,6 +193,9 @@ def test_run_page_opens_offline_with_its_plot_and_a_heatmap_per_step(
     # the start"), the start's own row first
     start_rows = page.locator("table.start tr")
     assert start_rows.count() == (steps + 1 if name == "grpo-run" else 0)
+    where = page.locator("h2", has_text="Where the input shows along the run")
+    assert where.count() == 1  # one picture: where the information sits at each step
+    assert where.locator("xpath=following-sibling::img[1]").evaluate("i => i.naturalWidth") > 0
     if name == "grpo-run":
         assert start_rows.nth(1).inner_text().split("\t")[:2] == ["0", "the start"]
         assert "start mode" in start_rows.last.inner_text()
@@ -230,3 +240,35 @@ def test_compare_page_shows_a_and_b_side_by_side_on_a_laptop_stacked_on_a_phone(
     assert scrolls <= width  # the page itself does not scroll sideways
     assert opened.errors == [] and opened.refused == []
     opened.screenshot(f"compare-{width}.png", tmp_path)
+
+
+def test_each_token_is_shaded_by_its_information_with_its_numbers_on_hover(
+    browser, pages, tmp_path
+):
+    """The late policy (its musing first, then the state it reads): its state's digits are
+    shaded blue, its musing not; hovering a token shows its information and the own
+    prompt's posterior after it; the shaded tokens spell the reasoning."""
+    opened = Opened(browser, pages["late"])
+    page = opened.page
+    assert opened.errors == [] and opened.refused == []
+    section = page.locator("h2", has_text="Where the input shows: late")
+    assert section.count() == 1
+    first = section.locator("xpath=following-sibling::div[contains(@class,'trace')][1]")
+    tokens = first.locator("span")
+    texts = tokens.all_inner_texts()
+    assert "".join(texts).startswith(("let me", "ok let", "i think"))
+    shaded = first.locator("span[class^=p]").all_inner_texts()
+    assert shaded and all(t.strip() in "0123456789,updownleftright:" for t in shaded), shaded
+    musing = len(texts) // 3  # the musing, well before the state
+    assert tokens.nth(musing).get_attribute("class") is None
+    blue = first.locator("span[class^=p]").first
+    blue.hover()
+    title = blue.get_attribute("title")
+    assert title.endswith("%") and " nats, own " in title and float(title.split()[0]) > 0
+    colour = blue.evaluate("t => getComputedStyle(t).backgroundColor")
+    assert colour != "rgba(0, 0, 0, 0)"
+    assert page.locator("details.prompt .trace span[class^=p]").count() > 16  # by prompt too
+    opened.screenshot(
+        "html-report-tokens.png", tmp_path, "h2:has-text('Where the input shows') + div"
+    )
+    assert opened.errors == []

@@ -22,13 +22,25 @@ EMA_DECAY = 0.9
 DEFAULT_RESAMPLES = 1000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Estimate:
-    """A metric's point value with its 95% percentile-bootstrap interval."""
+    """A metric's point value with its 95% percentile-bootstrap interval. Two estimates are
+    equal when their numbers are, an undefined one (NaN) equal to another undefined one."""
 
     value: float
     low: float
     high: float
+
+    def _numbers(self) -> tuple[float | None, ...]:
+        return tuple(None if math.isnan(x) else x for x in (self.value, self.low, self.high))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Estimate):
+            return NotImplemented
+        return self._numbers() == other._numbers()
+
+    def __hash__(self) -> int:
+        return hash(self._numbers())
 
     def to_dict(self) -> dict[str, float]:
         return {"value": self.value, "low": self.low, "high": self.high}

@@ -80,7 +80,7 @@ def where_section(where: WhereInputShows, evidence: Evidence, chars: int) -> str
     return (
         f"<h2>Where the input shows: {escape(where.regime)}</h2>"
         + f'<div class="note">{escape(where.reason)}</div>'
-        + f'<img class="curve" src="{information_picture(where)}" alt="information by tenth">'
+        + f'<img class="profile" src="{information_picture(where)}" alt="information by tenth">'
         + f'<div class="note">{escape(TOKEN_CAPTION)}</div>{traces}'
     )
 
@@ -123,6 +123,6 @@ def where_along_run(steps: Sequence[tuple[str, WhereInputShows]]) -> str:
     return (
         "<h2>Where the input shows along the run</h2>"
         + f'<div class="note">{escape(RUN_CAPTION)}</div>'
-        + f'<img class="curve" src="{information_by_step_picture(measured)}" '
+        + f'<img class="profile" src="{information_by_step_picture(measured)}" '
         + 'alt="information by tenth, per step">'
     )

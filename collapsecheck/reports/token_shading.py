@@ -78,10 +78,10 @@ def where_section(where: WhereInputShows, evidence: Evidence, chars: int) -> str
         for r in rows
     )
     return (
-        f"<h2>Where the input shows: {escape(where.regime)}</h2>"
+        f'<section class="where"><h2>Where the input shows: {escape(where.regime)}</h2>'
         + f'<div class="note">{escape(where.reason)}</div>'
         + f'<img class="profile" src="{information_picture(where)}" alt="information by tenth">'
-        + f'<div class="note">{escape(TOKEN_CAPTION)}</div>{traces}'
+        + f'<div class="note">{escape(TOKEN_CAPTION)}</div>{traces}</section>'
     )
 
 

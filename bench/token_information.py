@@ -164,7 +164,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_shape_arguments(parser)
     parser.set_defaults(n=64, k=8, reasoning_tokens=256, prompt_tokens=64, system_tokens=16,
-                        hidden=128, layers=2, heads=4, intermediate=256)  # fmt: skip
+                        hidden=128, layers=2, heads=4, intermediate=256, vocab=4096)  # fmt: skip
     parser.add_argument("--action-tokens", type=int, default=4)
     parser.add_argument("--write", action="store_true", help=f"write the section of {DOCS}")
     args = parser.parse_args()

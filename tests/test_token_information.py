@@ -322,6 +322,8 @@ def test_the_trained_policies_read_where_their_input_shows(demos):
     assert nowhere.verdict.is_collapse
     assert nowhere.token_information.regime == "nowhere", nowhere.token_information.reason
     assert nowhere.value("input_named_rate") < 0.1
+    assert late.token_information.short(late.metrics).startswith("late (")
+    assert nowhere.token_information.short(nowhere.metrics) == "nowhere"
 
 
 def test_compare_says_where_a_and_b_differ(demos, tmp_path):

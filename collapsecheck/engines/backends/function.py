@@ -100,18 +100,20 @@ class FunctionBackend:
         `compute_log_prob` divides by the rollout temperature), so `temperature` is not
         applied here; the report records the function as the scorer. Per-token values where
         the function gives them (`per_pair_tokens`), sums only where it gives sums."""
-        sums, tokens = np.empty(len(requests), dtype=np.float64), []
+        sums = np.empty(len(requests), dtype=np.float64)
+        tokens: list[np.ndarray] | None = []
         for start in range(0, len(requests), self.call_size):
             chunk = requests[start : start + self.call_size]
             contexts = [[*r.context, *r.continuation[: r.scored_from]] for r in chunk]
             continuations = [list(r.continuation[r.scored_from :]) for r in chunk]
             scored = per_pair_tokens(self.function(contexts, continuations), continuations)
-            if isinstance(scored, np.ndarray):
+            if isinstance(scored, np.ndarray):  # sums only: no per-token values for any
                 sums[start : start + len(chunk)] = scored
                 tokens = None
             else:
                 sums[start : start + len(chunk)] = [float(np.sum(t)) for t in scored]
-                tokens = None if tokens is None else [*tokens, *scored]
+                if tokens is not None:
+                    tokens.extend(scored)
             progress(len(chunk))
         return TokenLogProbs.of(sums, tokens)
 

@@ -305,9 +305,20 @@ def reasoning_tokens(
     logprobs, columns = [], []
     for row in range(len(own)):
         mine = cells[starts[row] : starts[row + 1]]
-        logprobs.append(np.stack([per_token.of_request(int(i)) for i in mine[:, 0]]))
+        logprobs.append(row_block(per_token, mine[:, 0]))
         columns.append(mine[:, 2])
     return ReasoningTokenLogProbs(logprobs, columns, own, num_prompts)
+
+
+def row_block(per_token: TokenLogProbs, requests: np.ndarray) -> np.ndarray:
+    """The (columns, tokens) per-token values of one row's requests: a view of the flat
+    values where the requests are consecutive (as `plan_reasoning` lays them out), a copy
+    otherwise."""
+    if len(requests) and (np.diff(requests) == 1).all():
+        first, last = int(requests[0]), int(requests[-1]) + 1
+        span = per_token.values[per_token.offsets[first] : per_token.offsets[last]]
+        return span.reshape(len(requests), -1)
+    return np.stack([per_token.of_request(int(i)) for i in requests])
 
 
 def flow_matrices(

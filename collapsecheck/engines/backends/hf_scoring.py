@@ -126,27 +126,39 @@ def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
 
 class Scored:
     """What one scoring call writes: each request's sum and, where asked (`per_token`), the
-    log-probability of each of its scored tokens."""
+    log-probability of each of its scored tokens, all requests' one after another in one
+    array allocated once (`TokenLogProbs`' layout)."""
 
-    def __init__(self, count: int, per_token: bool) -> None:
-        self.sums = np.zeros(count, dtype=np.float64)
-        self.tokens: list[np.ndarray] | None = [np.empty(0)] * count if per_token else None
+    def __init__(self, requests: Sequence[ScoreRequest], per_token: bool) -> None:
+        self.sums = np.zeros(len(requests), dtype=np.float64)
+        self.values: np.ndarray | None = None
+        self.offsets: np.ndarray | None = None
+        if per_token:
+            lengths = [len(r.continuation) - r.scored_from for r in requests]
+            self.offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+            self.values = np.empty(int(self.offsets[-1]), dtype=np.float64)
 
     def put(
         self, requests: Sequence[int], sums: np.ndarray, logprobs: torch.Tensor,
         spans: Sequence[tuple[int, int, int]],
     ) -> None:  # fmt: skip
         """The `requests`' sums and, per token, `logprobs[row, start:end]` of each one's span
-        (row, start, end)."""
+        (row, start, end), gathered at once."""
         self.sums[requests] = sums
-        if self.tokens is None:
+        if self.values is None:
             return
+        spans_ = np.asarray(spans, dtype=np.int64).reshape(-1, 3)
+        lengths = spans_[:, 2] - spans_[:, 1]
+        first = self.offsets[np.asarray(requests)]
+        if not np.array_equal(lengths, self.offsets[np.asarray(requests) + 1] - first):
+            raise RuntimeError("a scored span's length is not its request's scored tokens")
+        within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         rows = logprobs.double().cpu().numpy()
-        for request, (row, start, end) in zip(requests, spans, strict=True):
-            self.tokens[request] = rows[row, start:end].copy()
+        picked = rows[np.repeat(spans_[:, 0], lengths), np.repeat(spans_[:, 1], lengths) + within]
+        self.values[np.repeat(first, lengths) + within] = picked
 
     def result(self) -> TokenLogProbs:
-        return TokenLogProbs.of(self.sums, self.tokens)
+        return TokenLogProbs(self.sums, self.values, self.offsets)
 
 
 def _right_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> torch.Tensor:
@@ -225,7 +237,7 @@ class TransformersScoring:
         self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float,
         per_token: bool,
     ) -> Scored:  # fmt: skip
-        out = Scored(len(requests), per_token)
+        out = Scored(requests, per_token)
         if self.scorer == "naive":
             self._score_naive(requests, out, progress, temperature)
         else:

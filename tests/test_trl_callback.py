@@ -54,6 +54,11 @@ def test_the_keys_land_in_log_history_and_the_reports_under_output_dir(tmp_path)
         report = callback.reports[entry["step"]]
         assert entry["collapse/normalized_mi"] == pytest.approx(report.value("normalized_mi"))
         assert entry["collapse/collapsed"] == 0.0 and entry["collapse/gate_failed"] == 0.0
+        # SPEC "Where the input shows": the live policy's per-token values, logged too
+        tenths = [report.token_information.by_position[d].value for d in range(10)]
+        logged_tenths = [entry[f"collapse/information_by_position/{d}"] for d in range(10)]
+        assert logged_tenths == pytest.approx(tenths)
+        assert entry["collapse/input_named_rate"] == pytest.approx(report.value("input_named_rate"))
         saved = tmp_path / "collapsecheck" / f"step-{entry['step']}" / "report.json"
         assert json.loads(saved.read_text())["verdict"]["regime"] == report.verdict.regime
     assert callback.reports[4].verdict.regime == "grounded"

@@ -150,6 +150,7 @@ def test_checkpoints_written_slowly_are_diagnosed_once_each_as_they_land(tmp_pat
     said = "\n".join(lines)
     assert f"waiting for {run} to appear" in said
     assert said.count("step 100: grounded") == 1 and said.count("step 200: template_collapse") == 1
+    assert "input shows nowhere" in said  # SPEC "Where the input shows", on the step's line
     assert "diagnosed" in said and "nothing new for 4 s: the watch ends" in said
     report = reports_by_folder(watch)["checkpoint-100"]
     assert report.metrics == scan(HEALTHY, PROMPTS, **FAST).metrics
@@ -268,6 +269,9 @@ def test_tensorboard_scalars_land_beside_the_trainers_and_a_restart_adds_no_poin
     assert [value for _, value in ours["collapse/verdict_code"]] == [0.0, 2.0]
     assert ours["collapse/normalized_mi"][0][1] > 0.5 > ours["collapse/normalized_mi"][1][1]
     assert not any("_ema" in tag for tag in ours)
+    tenths = [f"collapse/information_by_position/{d}" for d in range(10)]
+    assert all([step for step, _ in ours[tag]] == [100, 200] for tag in tenths)
+    assert ours["collapse/input_named_rate"][0][1] > 0.5 > ours["collapse/input_named_rate"][1][1]
     assert scalars(trainer_logs)["train/reward"][-1] == (200, pytest.approx(0.2))
     assert "step 100: grounded (diverse), from the results cache" in "\n".join(lines)
 

@@ -147,6 +147,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_flow.py --write
 	$(PY) bench/early_answer.py --write
 	$(PY) bench/prior.py --write
+	$(PY) bench/token_information.py --write
 	$(PY) bench/negatives.py
 	$(PY) bench/scaling.py
 	$(PY) bench/callback.py

@@ -197,6 +197,16 @@ def main() -> None:
         print(f"added the row to {DOCS}")
 
 
+def alternating(run, rounds: int) -> dict[bool, list]:
+    """`run(on)` for on = False, True, alternating, `rounds` times each (what a feature adds,
+    measured in one run with the machine's drift shared by both)."""
+    runs: dict[bool, list] = {False: [], True: []}
+    for _ in range(rounds):
+        for on in (False, True):
+            runs[on].append(run(on))
+    return runs
+
+
 def write_section(heading: str, lines: list[str]) -> None:
     """docs/benchmarks.md with the section under `heading` replaced by `lines` (made, with the
     file, where missing)."""

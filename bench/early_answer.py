@@ -21,7 +21,15 @@ from pathlib import Path
 
 import torch
 from bench_flow import build_traces
-from bench_scoring import DOCS, Tokenizer, add_shape_arguments, build_model, machine, publish
+from bench_scoring import (
+    DOCS,
+    Tokenizer,
+    add_shape_arguments,
+    alternating,
+    build_model,
+    machine,
+    publish,
+)
 
 from collapsecheck import scan
 from collapsecheck.engines.backends.hf import TransformersBackend
@@ -49,10 +57,7 @@ def timed_scan(early: bool) -> tuple[float, float, int]:
 
 def demo_rows() -> list[tuple[str, float, float]]:
     """(what, median without, median with) for the whole scan and its scoring."""
-    runs: dict[bool, list[tuple[float, float, int]]] = {False: [], True: []}
-    for _ in range(ROUNDS):
-        for early in (False, True):
-            runs[early].append(timed_scan(early))
+    runs = alternating(timed_scan, ROUNDS)
     rows = []
     for index, what in ((0, "whole scan"), (1, "its scoring")):
         off, on = (statistics.median(r[index] for r in runs[e]) for e in (False, True))

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_scoring import DOCS, machine, publish
+from bench_scoring import DOCS, alternating, machine, publish
 
 from collapsecheck import scan_run
 from collapsecheck.inputs.discovery import require_run
@@ -46,10 +46,7 @@ def timed_run(baseline: Path | None) -> tuple[float, float]:
 
 
 def rows() -> list[tuple[str, float, float]]:
-    runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-    for _ in range(ROUNDS):
-        for with_start in (False, True):
-            runs[with_start].append(timed_run(START if with_start else None))
+    runs = alternating(lambda with_start: timed_run(START if with_start else None), ROUNDS)
     off, on = (statistics.median(r[0] for r in runs[w]) for w in (False, True))
     under = statistics.median(r[1] for r in runs[True])
     return [("whole run scan", off, on), ("of which scoring under the start", 0.0, under)]

@@ -29,7 +29,15 @@ from pathlib import Path
 
 import torch
 from bench_flow import build_traces
-from bench_scoring import DOCS, Tokenizer, add_shape_arguments, build_model, machine, publish
+from bench_scoring import (
+    DOCS,
+    Tokenizer,
+    add_shape_arguments,
+    alternating,
+    build_model,
+    machine,
+    publish,
+)
 from real_model import converted_checkpoint, word_problems
 
 from collapsecheck import scan
@@ -44,15 +52,6 @@ PROMPTS = ROOT / "examples" / "prompts" / "gridworld.jsonl"
 DEMO_SHAPE = {"num_prompts": 16, "k": 8, "max_new_tokens": 64, "device": "cpu"}
 HEADING = "## Where the input shows: what it adds to a scan"
 ROUNDS = 3
-
-
-def alternating(run, rounds: int = ROUNDS) -> dict[bool, list]:
-    """`run(measured)` for measured = False, True, alternating, `rounds` times each."""
-    runs: dict[bool, list] = {False: [], True: []}
-    for _ in range(rounds):
-        for measured in (False, True):
-            runs[measured].append(run(measured))
-    return runs
 
 
 def timed_scan(checkpoint: Path, prompts: Path, measured: bool, **shape) -> tuple[float, float]:
@@ -173,7 +172,7 @@ def main() -> None:
     parser.add_argument("--action-tokens", type=int, default=4)
     parser.add_argument("--write", action="store_true", help=f"write the section of {DOCS}")
     args = parser.parse_args()
-    demo = scan_rows(alternating(lambda m: timed_scan(DEMO, PROMPTS, m, **DEMO_SHAPE)))
+    demo = scan_rows(alternating(lambda m: timed_scan(DEMO, PROMPTS, m, **DEMO_SHAPE), ROUNDS))
     large = large_rows(args)
     publish(HEADING, section(demo, large, real_rows(), args), args.write)
 

@@ -298,27 +298,20 @@ def reasoning_tokens(
     plan: Plan, per_token: TokenLogProbs, own: np.ndarray, num_prompts: int
 ) -> ReasoningTokenLogProbs:
     """Each X->Z row's per-token log-probabilities under the columns it was scored under
-    (SPEC "Where the input shows"), columns in increasing order."""
+    (SPEC "Where the input shows"), columns in increasing order: `plan_reasoning` adds the
+    plan's first requests row by row, each row's columns in increasing order, so each row's
+    block is a view of the flat values."""
     cells = np.array(plan.cells.get("z", []), dtype=np.int64).reshape(-1, 3)
-    cells = cells[np.lexsort((cells[:, 2], cells[:, 1]))]  # by row, then column
+    if not np.array_equal(cells[:, 0], np.arange(len(cells))):
+        raise RuntimeError("the X->Z requests must be the plan's first, row by row")
     starts = np.searchsorted(cells[:, 1], np.arange(len(own) + 1))
-    logprobs, columns = [], []
-    for row in range(len(own)):
-        mine = cells[starts[row] : starts[row + 1]]
-        logprobs.append(row_block(per_token, mine[:, 0]))
-        columns.append(mine[:, 2])
+    offsets = per_token.offsets[starts]
+    logprobs = [
+        per_token.values[offsets[row] : offsets[row + 1]].reshape(starts[row + 1] - starts[row], -1)
+        for row in range(len(own))
+    ]
+    columns = [cells[starts[row] : starts[row + 1], 2] for row in range(len(own))]
     return ReasoningTokenLogProbs(logprobs, columns, own, num_prompts)
-
-
-def row_block(per_token: TokenLogProbs, requests: np.ndarray) -> np.ndarray:
-    """The (columns, tokens) per-token values of one row's requests: a view of the flat
-    values where the requests are consecutive (as `plan_reasoning` lays them out), a copy
-    otherwise."""
-    if len(requests) and (np.diff(requests) == 1).all():
-        first, last = int(requests[0]), int(requests[-1]) + 1
-        span = per_token.values[per_token.offsets[first] : per_token.offsets[last]]
-        return span.reshape(len(requests), -1)
-    return np.stack([per_token.of_request(int(i)) for i in requests])
 
 
 def flow_matrices(

@@ -8,7 +8,7 @@ Pure: numpy on the (M_A, |F|) matrix, no torch, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +20,7 @@ from collapsecheck.measures.metrics import (
     bootstrap_prompt_weights,
     finite_interval,
     interval_bounds,
+    paired_bootstrap,
     point_value,
 )
 
@@ -183,9 +184,13 @@ def agreement_key(fraction: float) -> str:
     return f"early_answer_agreement/{fraction:g}"
 
 
-def _flat(curves: Mapping[str, np.ndarray], fractions: Sequence[float]) -> dict[str, np.ndarray]:
+def _flat(early: EarlyLogProbs, prompt_weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The summaries and each point of the curve, by key, for each weighting of the prompts."""
+    curves = _curves(early, prompt_weights)
     flat = {key: curves[key] for key in EARLY_KEYS}
-    flat.update((agreement_key(f), curves["agreement"][:, c]) for c, f in enumerate(fractions))
+    flat.update(
+        (agreement_key(f), curves["agreement"][:, c]) for c, f in enumerate(early.fractions)
+    )
     return flat
 
 
@@ -197,13 +202,4 @@ def paired_early_differences(
     n = first.num_prompts
     if second.num_prompts != n or second.fractions != first.fractions:
         raise ValueError("the scans cover other prompts or other early-answer fractions")
-    ones, weights = np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)
-    point = [_flat(_curves(e, ones), e.fractions) for e in (first, second)]
-    boot = [_flat(_curves(e, weights), e.fractions) for e in (first, second)]
-    return {
-        key: Estimate(
-            float(point[1][key][0] - point[0][key][0]),
-            *finite_interval(boot[1][key] - boot[0][key]),
-        )
-        for key in point[0]
-    }
+    return paired_bootstrap(_flat, first, second, n, resamples=resamples, seed=seed)

@@ -10,8 +10,9 @@ One code path therefore gives the estimate and its interval.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import gammaln
@@ -439,6 +440,33 @@ def paired_differences(
             float(point_b[key][0] - point_a[key][0]), *_interval(boot_b[key] - boot_a[key])
         )
         for key in point_a
+    }
+
+
+def paired_bootstrap(
+    measure: Callable[[Any, np.ndarray], Mapping[str, np.ndarray]],
+    first: Any,
+    second: Any,
+    num_prompts: int,
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, Estimate]:
+    """second minus first of every quantity `measure(scan, prompt_weights)` gives (one value
+    per row of the (B, N) prompt weights, by key), each resample drawing the same prompts for
+    both scans; the interval over the finite resampled differences."""
+    ones, weights = (
+        np.ones((1, num_prompts)),
+        bootstrap_prompt_weights(num_prompts, resamples, seed),
+    )
+    point = [measure(scan, ones) for scan in (first, second)]
+    boot = [measure(scan, weights) for scan in (first, second)]
+    return {
+        key: Estimate(
+            float(point[1][key][0] - point[0][key][0]),
+            *finite_interval(boot[1][key] - boot[0][key]),
+        )
+        for key in point[0]
     }
 
 

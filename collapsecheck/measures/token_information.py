@@ -18,6 +18,7 @@ from collapsecheck.measures.metrics import (
     MetricValue,
     bootstrap_prompt_weights,
     finite_interval,
+    paired_bootstrap,
     point_value,
 )
 
@@ -283,7 +284,9 @@ def position_key(position: int) -> str:
     return f"{POSITION_PREFIX}{position}"
 
 
-def _flat(means: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _flat(rows: RowSummaries, prompt_weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The summaries and each tenth, by key, for each weighting of the prompts."""
+    means = _means(rows, prompt_weights)
     flat = {key: means[key] for key in WHERE_KEYS}
     flat.update((position_key(d), means["by_position"][:, d]) for d in range(POSITIONS))
     return flat
@@ -294,16 +297,6 @@ def paired_where_differences(
 ) -> dict[str, Estimate]:
     """second minus first of the summaries and of each tenth of the profile, each resample
     drawing the same prompts for both (as `metrics.paired_differences`)."""
-    n = first.num_prompts
-    if second.num_prompts != n:
+    if second.num_prompts != first.num_prompts:
         raise ValueError("the scans cover other prompts")
-    ones, weights = np.ones((1, n)), bootstrap_prompt_weights(n, resamples, seed)
-    point = [_flat(_means(rows, ones)) for rows in (first, second)]
-    boot = [_flat(_means(rows, weights)) for rows in (first, second)]
-    return {
-        key: Estimate(
-            float(point[1][key][0] - point[0][key][0]),
-            *finite_interval(boot[1][key] - boot[0][key]),
-        )
-        for key in point[0]
-    }
+    return paired_bootstrap(_flat, first, second, first.num_prompts, resamples=resamples, seed=seed)

@@ -54,14 +54,20 @@ def test_same_seed_same_traces(engine, prompt_ids):
     assert all(len(p) == 4 for p in first)
 
 
-def test_vllm_scores_equal_the_reference(engine, reference, prompt_ids):
-    samples = engine.generate(prompt_ids[:4], SamplingParams(k=2, max_new_tokens=48), no_progress)
-    requests = [
+def cross_requests(engine, prompt_ids, max_new_tokens):
+    """Every sampled response under every one of `prompt_ids`, its first token as context."""
+    samples = engine.generate(prompt_ids, SamplingParams(k=2, max_new_tokens=max_new_tokens),
+                              no_progress)  # fmt: skip
+    return [
         ScoreRequest(tuple(context), sample.ids, 1)
         for per_prompt in samples
         for sample in per_prompt
-        for context in prompt_ids[:4]
+        for context in prompt_ids
     ]
+
+
+def test_vllm_scores_equal_the_reference(engine, reference, prompt_ids):
+    requests = cross_requests(engine, prompt_ids[:4], 48)
     ours = engine.loglikelihood(requests, no_progress)
     theirs = reference.loglikelihood(requests, no_progress)
     assert np.abs(ours - theirs).max() < 1e-3
@@ -70,13 +76,7 @@ def test_vllm_scores_equal_the_reference(engine, reference, prompt_ids):
 def test_vllm_per_token_prompt_logprobs_equal_the_reference(engine, reference, prompt_ids):
     """SPEC "Where the input shows": vLLM's prompt log-probabilities token by token, against
     the transformers reference's, and their sums as `loglikelihood` gives them."""
-    samples = engine.generate(prompt_ids[:3], SamplingParams(k=2, max_new_tokens=32), no_progress)
-    requests = [
-        ScoreRequest(tuple(context), sample.ids, 1)
-        for per_prompt in samples
-        for sample in per_prompt
-        for context in prompt_ids[:3]
-    ]
+    requests = cross_requests(engine, prompt_ids[:3], 32)
     ours = engine.loglikelihood_per_token(requests, no_progress)
     theirs = reference.loglikelihood_per_token(requests, no_progress)
     np.testing.assert_array_equal(ours.offsets, theirs.offsets)

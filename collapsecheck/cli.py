@@ -738,6 +738,7 @@ def print_watched(run: Any, outputs: OutputSettings, verbose: bool) -> None:
 @takes_settings
 def score(
     rollouts: ScoreRollouts,
+    sampling: SamplingSettings,
     rendering: PromptSettings,
     scoring: ScoringSettings,
     analysis: AnalysisSettings,
@@ -765,9 +766,7 @@ def score(
     from collapsecheck.runs.executors import run_here
     from collapsecheck.runs.plan import plan_rollout_file, read_rollouts_checked
 
-    settings = Settings(
-        load=load, prompts=rendering, scoring=scoring, analysis=analysis, rewards=rewards
-    )
+    settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = gate_settings.load()
         check_outputs(outputs)

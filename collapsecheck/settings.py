@@ -42,6 +42,8 @@ SAMPLES_VERSION = 1
 
 AUTO = "auto"
 ALL = "all"
+SCAN, SCORE, COMPARE, WATCH = "scan", "score", "compare", "watch"
+SAMPLING_COMMANDS = (SCAN, COMPARE, WATCH)
 # --negatives auto: each trace under its own prompt and 15 others, each action with
 # SWAPS_PER_NEGATIVE x 15 swapped traces beside its own prompt's (SPEC "Sampled negatives and
 # swaps"); up to 16 prompts, the X->Z matrix is full. docs/benchmarks.md measures the
@@ -63,20 +65,24 @@ SAMPLE_BATCH_CAP = {"cpu": 128, "cuda": 512}
 
 def setting(
     default: Any, help: str, *, numbers: bool, samples: bool = False, flags: tuple[str, ...] = (),
-    cli_type: Any = None, in_config: bool = False,
+    cli_type: Any = None, in_config: bool = False, commands: tuple[str, ...] | None = None,
+    keyed_unset: Any = None,
 ) -> Any:  # fmt: skip
     """A settings field: its default, its --help text, whether it changes the numbers, whether
     it changes the sampled traces (`samples`: those key the samples cache), (where they
-    differ from `--field-name`) its flags and the type the command line parses, and whether
+    differ from `--field-name`) its flags and the type the command line parses, whether
     the config file may set it (`in_config`: a key of the field's name stands in for the flag
-    where the command line does not give it)."""
-    return field(
-        default=default,
-        metadata={
-            "help": help, "numbers": numbers, "samples": samples, "flags": flags,
-            "cli_type": cli_type, "in_config": in_config,
-        },
-    )  # fmt: skip
+    where the command line does not give it), the commands that offer it (None: every command
+    that takes its group) and, for a field that may be left unset (None), the value it keys
+    the caches as then (`keyed_unset`: the value a scan uses in its place, so that leaving it
+    unset and giving that value share a cache entry)."""
+    meta = {
+        "help": help, "numbers": numbers, "samples": samples, "flags": flags,
+        "cli_type": cli_type, "in_config": in_config, "keyed_unset": keyed_unset,
+    }  # fmt: skip
+    if commands is not None:
+        meta["commands"] = commands
+    return field(default=default, metadata=meta)
 
 
 def output(
@@ -226,22 +232,38 @@ class SamplingSettings:
     """How to sample: SPEC "Sampling" (the policy's own distribution by default)."""
 
     k: int = setting(
-        8, "Samples per prompt.", numbers=True, samples=True, flags=("-k", "--samples")
-    )
+        8, "Samples per prompt.", numbers=True, samples=True, flags=("-k", "--samples"),
+        commands=SAMPLING_COMMANDS,
+    )  # fmt: skip
     num_prompts: int | None = setting(
         None, "Use the first N prompts.", numbers=True, samples=True,
-        flags=("--num-prompts", "-n"),
+        flags=("--num-prompts", "-n"), commands=SAMPLING_COMMANDS,
     )  # fmt: skip
-    max_new_tokens: int = setting(256, "Length limit per response.", numbers=True, samples=True)
-    temperature: float = setting(1.0, "Sampling temperature.", numbers=True, samples=True)
-    top_p: float = setting(1.0, "Nucleus sampling threshold.", numbers=True, samples=True)
+    max_new_tokens: int = setting(
+        256, "Length limit per response.", numbers=True, samples=True, commands=SAMPLING_COMMANDS
+    )
+    temperature: float | None = setting(
+        None, "The temperature the traces are sampled at (default 1). score, and a run's "
+        "trainer rollouts: the one they were sampled at, where their rows do not name it "
+        "(default: the trainer's saved config where one lies beside them, else 1, warned).",
+        numbers=True, samples=True, keyed_unset=1.0,
+    )  # fmt: skip
+    top_p: float = setting(
+        1.0, "Nucleus sampling threshold.", numbers=True, samples=True, commands=SAMPLING_COMMANDS
+    )
 
     def __post_init__(self) -> None:
         _require(self.k >= 1, f"-k/--samples must be at least 1, got {self.k}")
         _at_least(self.num_prompts, 2, "num_prompts")
         _at_least(self.max_new_tokens, 1, "max_new_tokens")
-        _require(self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}")
+        given = self.temperature
+        _require(given is None or given >= 0, f"--temperature must be >= 0, got {given}")
         _require(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature a scan samples at: --temperature, else 1."""
+        return 1.0 if self.temperature is None else float(self.temperature)
 
 
 @dataclass(frozen=True)
@@ -383,9 +405,6 @@ class RewardSettings:
         _require(0 < self.snr_top_p <= 1, f"--snr-top-p must be in (0, 1], got {self.snr_top_p}")
 
 
-SCAN, SCORE, COMPARE, WATCH = "scan", "score", "compare", "watch"
-
-
 @dataclass(frozen=True)
 class WatchSettings:
     """How `watch` follows a run that is still training (docs/runs.md "Watching a run")."""
@@ -521,14 +540,17 @@ class Settings:
         key: dict[str, Any] = {}
         for group in GROUPS:
             values = getattr(self, group)
-            marked = {f.name: _plain(getattr(values, f.name)) for f in fields(values)
+            marked = {f.name: _keyed(getattr(values, f.name), f) for f in fields(values)
                       if f.metadata[mark]}  # fmt: skip
             if marked:
                 key[group] = marked
         return key
 
 
-def _plain(value: Any) -> Any:
+def _keyed(value: Any, field: dataclasses.Field) -> Any:
+    """A field's value as the caches key it: JSON-able, an unset one as `keyed_unset` says."""
+    if value is None:
+        value = field.metadata["keyed_unset"]
     return str(value) if isinstance(value, Path) else value
 
 

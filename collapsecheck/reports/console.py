@@ -34,6 +34,7 @@ from collapsecheck.measures.token_information import POSITION_PREFIX
 from collapsecheck.measures.verdict import GROUNDED, INCONCLUSIVE
 from collapsecheck.progress import ProgressHook
 from collapsecheck.reports.compare import Comparison
+from collapsecheck.reports.fitted_table import Column, fitted_tables, table_of
 from collapsecheck.reports.report import FLOW_METRICS, KEY_METRICS, Report
 from collapsecheck.reports.run_report import RunReport
 
@@ -407,48 +408,74 @@ def snr_cells(report: Report) -> list[str]:
     return [percent(report.snr["frac_reward_zero_std"]), _format(rho)]
 
 
-def run_table(run: RunReport) -> Table:
-    """One row per checkpoint (per rollout step, with the checkpoint that scored it)."""
-    table = Table(
-        title=f"collapsecheck: {run.run_dir}", title_justify="left", show_edge=False,
-        caption=RUN_CAPTION + (PAIRING_CAPTION if run.traces else ""), caption_justify="left",
-    )  # fmt: skip
-    table.add_column("step", no_wrap=True)
+# The run table's columns by importance: where the table is wider than the console, those
+# ranked last move to a continuation table first; the regime never moves.
+RUN_RANKING = ("regime", "onset", "norm. MI", "norm. MI 95%", "H(Z|X)/tok", "skill", "flow")
+
+
+def run_columns(run: RunReport) -> list[Column]:
+    """One row per checkpoint (per rollout step, with the checkpoint that scored it), as
+    columns: the step (and the scoring checkpoint) name each row."""
+    steps = run.steps
+    columns = [Column("step", tuple(step_label(s) for s in steps), "left", key=True)]
     if run.traces:
-        table.add_column("scored by", no_wrap=True)
-    for title, _ in RUN_COLUMNS:
-        table.add_column(title, justify="right", no_wrap=True)
-    table.add_column("norm. MI 95%", justify="right", no_wrap=True)
-    logged = run.logged_series
-    for name in logged:
-        table.add_column(f"{name} (log)", justify="right", no_wrap=True)
-    rewarded = any(step.report.snr is not None for step in run.steps)
-    if rewarded:
-        table.add_column("0-var", justify="right", no_wrap=True)
-        table.add_column("RV~MI", justify="right", no_wrap=True)
-    for title in ("regime", "flow", "onset"):
-        table.add_column(title, no_wrap=True)
-    for index, step in enumerate(run.steps):
-        metrics = step.report.metrics
-        cells = [_format(point_value(metrics[key])) for _, key in RUN_COLUMNS]
-        cells.append(_interval(metrics["normalized_mi"]))
-        label = step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
-        onset = run.onset.kind if run.onset and run.onset.index == index else ""
-        flow = step.report.flow.regime.replace("_", " ")
-        cells += [_window(step.training_log.get(name)) for name in logged]
-        if rewarded:
-            cells += snr_cells(step.report)
-        pairing = [step.sampled_by.describe()] if step.sampled_by else []
-        table.add_row(
-            label, *pairing, *cells, regime_text(step.report), flow, Text(onset, style="bold")
+        described = tuple(s.sampled_by.describe() if s.sampled_by else "" for s in steps)
+        columns.append(Column("scored by", described, "left", key=True))
+    for title, key in RUN_COLUMNS:
+        columns.append(
+            Column(title, tuple(_format(point_value(s.report.metrics[key])) for s in steps))
         )
-    return table
+    columns.append(
+        Column("norm. MI 95%", tuple(_interval(s.report.metrics["normalized_mi"]) for s in steps))
+    )
+    for name in run.logged_series:
+        logged = tuple(_window(s.training_log.get(name)) for s in steps)
+        columns.append(Column(f"{name} (log)", logged))
+    if any(s.report.snr is not None for s in steps):
+        snr = [snr_cells(s.report) for s in steps]
+        columns.append(Column("0-var", tuple(cells[0] for cells in snr)))
+        columns.append(Column("RV~MI", tuple(cells[1] for cells in snr)))
+    onsets = tuple(
+        Text(run.onset.kind if run.onset and run.onset.index == i else "", style="bold")
+        for i in range(len(steps))
+    )
+    columns += [
+        Column("regime", tuple(regime_text(s.report) for s in steps), "left"),
+        Column("flow", tuple(s.report.flow.regime.replace("_", " ") for s in steps), "left"),
+        Column("onset", onsets, "left"),
+    ]
+    return columns
+
+
+def step_label(step: Any) -> str:
+    return step.checkpoint.label + ("*" if step.report.timing.get("cached") else "")
+
+
+def run_title(run: RunReport) -> str:
+    return f"collapsecheck: {run.run_dir}"
+
+
+def run_caption(run: RunReport) -> str:
+    return RUN_CAPTION + (PAIRING_CAPTION if run.traces else "")
+
+
+def run_table(run: RunReport) -> Table:
+    """The run's table whole, however wide (the HTML page sizes its console by it)."""
+    return table_of(run_columns(run), run_title(run), run_caption(run))
+
+
+def run_tables(run: RunReport, width: int) -> list[Table]:
+    """The run's table fitted to `width` columns: what does not fit continues below (the
+    legend, `run_caption`, is printed under the last at the console's full width)."""
+    return fitted_tables(run_columns(run), width, RUN_RANKING, run_title(run))
 
 
 def print_run(console: Console, run: RunReport) -> None:
     """The run's table, where its traces came from, its notes and findings, then the onset
     and the latest checkpoint's verdict."""
-    console.print(run_table(run))
+    for table in run_tables(run, console.width):
+        console.print(table)
+    console.print(run_caption(run), style="dim", highlight=False)
     if run.traces:
         console.print(f"traces: {run.traces}", style="dim", highlight=False)
     print_notes(console, run.notes)

@@ -42,7 +42,13 @@ class SamplingParams:
 
     @classmethod
     def of(cls, sampling: SamplingSettings, seed: int) -> SamplingParams:
-        return cls(sampling.k, sampling.temperature, sampling.top_p, sampling.max_new_tokens, seed)
+        return cls(
+            sampling.k,
+            sampling.sampling_temperature,
+            sampling.top_p,
+            sampling.max_new_tokens,
+            seed,
+        )
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)

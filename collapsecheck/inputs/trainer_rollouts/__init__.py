@@ -5,7 +5,9 @@ checkpoint step's weights sampled it (`policy_step`, as the trainer's loop defin
 the trainer keeps them inside a run (`beside`, None when the user chose the folder), and turns
 it into rollout rows of the generic form `rollouts.py` reads (`read`: prompt or exact ids,
 response, reward, group, or turns), so everything above is trainer-free. Adding a trainer is
-one module and one entry in READERS (docs/formats.md, one section per trainer)."""
+one module and one entry in READERS (docs/formats.md, one section per trainer). Each also says
+where its trainer saves its configuration and which keys name the rollouts' temperature
+(`SAVED_CONFIG`, `inputs.trainer_configs`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from collapsecheck.inputs.trainer_configs import SavedConfig
 from collapsecheck.inputs.trainer_rollouts import (
     areal_generated_text,
     areal_trajectories,
@@ -45,6 +48,7 @@ __all__ = [
     "RolloutFile",
     "rollout_files",
     "rollouts_beside",
+    "saved_config",
     "trainer_reader",
     "trainer_rollouts",
 ]
@@ -60,6 +64,13 @@ def trainer_rollouts(path: Path) -> TrainerRollouts | None:
     rollout file)."""
     reader = trainer_reader(path)
     return None if reader is None else reader.read(path)
+
+
+def saved_config(path: Path) -> SavedConfig | None:
+    """Where the trainer that wrote these rollouts saves its configuration, and the keys
+    naming their temperature there (None: no trainer's own file)."""
+    reader = trainer_reader(path)
+    return None if reader is None else reader.SAVED_CONFIG
 
 
 @dataclass(frozen=True)

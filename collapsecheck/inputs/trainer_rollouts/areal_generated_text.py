@@ -32,6 +32,7 @@ RECORD = re.compile(
     re.DOTALL,
 )
 LAYOUT = VersionFolders("generated", "generated-eval", ".txt")
+SAVED_CONFIG = LAYOUT.saved_config()
 matches, step_of, policy_step, beside = (
     LAYOUT.matches, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
 )  # fmt: skip

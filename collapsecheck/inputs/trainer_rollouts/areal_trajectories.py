@@ -30,6 +30,7 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
+from collapsecheck.inputs.trainer_configs import SavedConfig, TemperatureKeys
 from collapsecheck.inputs.trainer_rollouts.base import (
     TrainerRollouts,
     folder_holding,
@@ -73,9 +74,30 @@ class VersionFolders:
     def kind(self, path: Path) -> str:
         return self.folder(path).parent.name
 
+    def is_evaluation(self, path: Path) -> bool:
+        return self.kind(path) == self.evaluation
+
     def step_of(self, path: Path) -> int | None:
         """The version of a training folder; None for an evaluation one."""
-        return None if self.kind(path) == self.evaluation else self.version(path)
+        return None if self.is_evaluation(path) else self.version(path)
+
+    def saved_config(self) -> SavedConfig:
+        """AReaL saves its resolved config as `config.yaml` in the trial's log folder, two
+        above a version folder (`save_config`, areal/api/cli_args.py)."""
+        return SavedConfig(
+            TRAINER,
+            training=TemperatureKeys(
+                ("gconfig.temperature",), "AReaL samples at gconfig.temperature, 1.0 by default",
+                1.0,
+            ),
+            evaluation=TemperatureKeys(
+                ("eval_gconfig.temperature", "gconfig.temperature"),
+                "AReaL evaluates at eval_gconfig.temperature (gconfig's where unset; its example "
+                "workflows may set their own in code)",
+            ),
+            files=("config.yaml",),
+            evaluates=self.is_evaluation,
+        )  # fmt: skip
 
     def policy_step(self, path: Path) -> int:
         """Version V was saved as the checkpoint of global step V - 1 (module docstring)."""
@@ -88,6 +110,7 @@ class VersionFolders:
 
 
 LAYOUT = VersionFolders("rollout", "eval-rollout", ".jsonl")
+SAVED_CONFIG = LAYOUT.saved_config()
 matches, step_of, policy_step, beside = (
     LAYOUT.matches, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
 )  # fmt: skip

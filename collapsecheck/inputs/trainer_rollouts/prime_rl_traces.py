@@ -35,6 +35,7 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
+from collapsecheck.inputs.trainer_configs import SavedConfig, TemperatureKeys
 from collapsecheck.inputs.trainer_rollouts.base import (
     Row,
     TrainerRollouts,
@@ -69,6 +70,30 @@ def traces_file(path: Path) -> Path | None:
 
 def matches(path: Path) -> bool:
     return step_folder(path) is not None and traces_file(path) is not None
+
+
+def is_evaluation(path: Path) -> bool:
+    """Traces of the step's evaluation (`eval/`), not of its training batch."""
+    file = traces_file(path)
+    return file is not None and file.parent.parent.name == "eval"
+
+
+# the `rl` launcher writes each part's resolved config to `{run}/configs/` (JSON; TOML before
+# prime-rl e26b505); a standalone orchestrator writes none
+SAVED_CONFIG = SavedConfig(
+    TRAINER,
+    training=TemperatureKeys(
+        ("train.sampling.temperature", "sampling.temperature"),
+        "prime-rl samples at the orchestrator's sampling.temperature, 1.0 by default", 1.0,
+    ),
+    evaluation=TemperatureKeys(
+        ("eval.sampling.temperature",),
+        "prime-rl evaluates at the orchestrator's eval.sampling.temperature, else at the "
+        "inference server's default",
+    ),
+    files=("configs/orchestrator.json", "configs/orchestrator.toml"),
+    evaluates=is_evaluation,
+)  # fmt: skip
 
 
 def step_of(path: Path) -> int:

@@ -24,6 +24,12 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
+from collapsecheck.inputs.trainer_configs import (
+    HYDRA_CONFIG,
+    SavedConfig,
+    TemperatureKeys,
+    always,
+)
 from collapsecheck.inputs.trainer_rollouts.base import (
     TrainerRollouts,
     assistant_turns,
@@ -34,6 +40,14 @@ from collapsecheck.inputs.trainer_rollouts.base import (
 TRAINER = "ragen"
 FIELDS = ("messages", "metadata")
 PICKLE_PREFIX = "val_rollouts"
+# the export is an evaluation (agent_proxy, a Hydra entry point): sampled at val_kwargs, which
+# RAGEN falls back from to the rollout's own temperature (`_get_rollout_val_kwarg`)
+VALIDATION = TemperatureKeys(
+    ("actor_rollout_ref.rollout.val_kwargs.temperature", "actor_rollout_ref.rollout.temperature"),
+    "RAGEN validates at val_kwargs.temperature, 0.5 by default",
+    0.5,
+)
+SAVED_CONFIG = SavedConfig(TRAINER, VALIDATION, VALIDATION, (HYDRA_CONFIG,), always)
 ALL_ZERO = (
     "every trajectory's total_reward is 0, so none is read as a reward: RAGEN's writer "
     "(20daedc) sums the scores with np.sum on a torch tensor, which raises, and writes 0 "

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.trainer_configs import SavedConfig, TemperatureKeys
 from collapsecheck.inputs.trainer_rollouts.base import (
     NamedSteps,
     Row,
@@ -44,6 +45,12 @@ AGENTIC = ("trajectory_data", "messages")
 
 
 LAYOUT = NamedSteps(NAME)  # no folder: ROLL writes where `rollout_dump_dir` says
+# ROLL composes its config with Hydra's compose API, which saves none; its rows' sampling_params
+# name the temperature where the dump keeps that column
+TEMPERATURE = TemperatureKeys(
+    (), "ROLL samples at actor_infer.generating_args.temperature, 0.95 by default", 0.95
+)
+SAVED_CONFIG = SavedConfig(TRAINER, TEMPERATURE, TEMPERATURE)
 matches, step_of, policy_step, beside = (
     LAYOUT.named, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
 )  # fmt: skip

@@ -22,6 +22,12 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
+from collapsecheck.inputs.trainer_configs import (
+    HYDRA_CONFIG,
+    SavedConfig,
+    TemperatureKeys,
+    always,
+)
 from collapsecheck.inputs.trainer_rollouts.base import (
     TrainerRollouts,
     folder_holding,
@@ -35,6 +41,21 @@ FOLDER_NAME = re.compile(r"global_step_(\d+)_evals")
 FOLDER = "dumped_evals"
 FIELDS = ("input_prompt", "output_response", "score", "stop_reason")
 AGGREGATE = "aggregated_results.jsonl"
+# skyrl-train's Hydra entry point saved its config; SkyRL after it saves only a pickle
+SAVED_CONFIG = SavedConfig(
+    TRAINER,
+    training=TemperatureKeys(
+        ("generator.sampling_params.temperature",),
+        "SkyRL samples at generator.sampling_params.temperature, 1.0 by default", 1.0,
+    ),
+    evaluation=TemperatureKeys(
+        ("generator.eval_sampling_params.temperature",),
+        "SkyRL evaluates at generator.eval_sampling_params.temperature, greedily where unset",
+        0.0,
+    ),
+    files=(HYDRA_CONFIG,),
+    evaluates=always,
+)  # fmt: skip
 
 
 def data_files(path: Path) -> list[Path]:

@@ -21,6 +21,7 @@ may have used older ones (`max_staleness_steps`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ import numpy as np
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.safe_load import Record, load_pickle
+from collapsecheck.inputs.trainer_configs import never
 from collapsecheck.inputs.trainer_rollouts.base import NamedSteps, TrainerRollouts
+from collapsecheck.inputs.trainer_rollouts.skyrl_evals import SAVED_CONFIG as EVALS_CONFIG
 
 TRAINER = "skyrl"
 NAME = re.compile(r"global_step_(\d+)_training_input\.pkl")
@@ -46,6 +49,7 @@ READ = ("sequences", "attention_mask", "response_mask")
 
 # the synchronous trainer's step N was sampled by the weights of step N - 1
 LAYOUT = NamedSteps(NAME, FOLDER)
+SAVED_CONFIG = dataclasses.replace(EVALS_CONFIG, evaluates=never)  # training batches
 matches, step_of, policy_step, beside = (
     LAYOUT.named, LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
 )  # fmt: skip

@@ -34,6 +34,7 @@ from typing import Any
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import PromptImage
 from collapsecheck.inputs.safe_load import PickledImage, load_torch
+from collapsecheck.inputs.trainer_configs import SavedConfig, TemperatureKeys
 from collapsecheck.inputs.trainer_rollouts.base import (
     TrainerRollouts,
     folder_holding,
@@ -62,6 +63,18 @@ def rollout_id(path: Path) -> int | None:
 def is_evaluation(path: Path) -> bool:
     found = ROLLOUT_ID.search(path.stem)
     return found is not None and found.group("eval") is not None
+
+
+# slime's arguments are saved in no file read without running code (W&B's config holds them)
+SAVED_CONFIG = SavedConfig(
+    TRAINER,
+    training=TemperatureKeys((), "slime samples at --rollout-temperature, 1.0 by default", 1.0),
+    evaluation=TemperatureKeys(
+        (), "slime evaluates at --eval-temperature (or its --eval-config's), else at "
+        "--rollout-temperature, 1.0 by default", 1.0,
+    ),
+    evaluates=is_evaluation,
+)  # fmt: skip
 
 
 def step_of(path: Path) -> int | None:

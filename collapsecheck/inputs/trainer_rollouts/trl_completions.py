@@ -24,6 +24,7 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import read_parquet_rows
+from collapsecheck.inputs.trainer_configs import SavedConfig, TemperatureKeys
 from collapsecheck.inputs.trainer_rollouts.base import (
     NamedSteps,
     TrainerRollouts,
@@ -36,6 +37,12 @@ NAME = re.compile(r"completions_(\d+)\.parquet")
 COLUMNS = ("step", "prompt", "completion", "advantage")
 NOT_REWARDS = {"step", "prompt", "completion", "advantage", "image"}
 FOLDER = "completions"  # beside the checkpoints, in the output_dir
+# TRL saves its arguments only as training_args.bin, a pickle: never read
+TEMPERATURE = TemperatureKeys(
+    (), "TRL samples at GRPOConfig.temperature, 1.0 by default (its training_args.bin is a "
+    "pickle, left unread)", 1.0,
+)  # fmt: skip
+SAVED_CONFIG = SavedConfig(TRAINER, TEMPERATURE, TEMPERATURE)
 
 
 # the file of step s, written after update s from what the policy before it generated

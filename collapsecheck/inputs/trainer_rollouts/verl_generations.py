@@ -21,6 +21,7 @@ from pathlib import Path
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import jsonl_rows
+from collapsecheck.inputs.trainer_configs import HYDRA_CONFIG, SavedConfig, TemperatureKeys
 from collapsecheck.inputs.trainer_rollouts.base import (
     NamedSteps,
     Row,
@@ -36,6 +37,22 @@ FIELDS = ("input", "output", "score")
 
 
 LAYOUT = NamedSteps(NAME)  # no folder: veRL writes where `rollout_data_dir` says
+ROLLOUT = "actor_rollout_ref.rollout"
+# main_ppo is a Hydra entry point; `validation_data_dir` dumps are named alike, at val_kwargs
+SAVED_CONFIG = SavedConfig(
+    TRAINER,
+    training=TemperatureKeys(
+        (f"{ROLLOUT}.temperature",), f"veRL samples at {ROLLOUT}.temperature, 1.0 by default",
+        1.0, f"{ROLLOUT}.do_sample",
+    ),
+    evaluation=TemperatureKeys(
+        (f"{ROLLOUT}.val_kwargs.temperature",),
+        f"veRL validates at {ROLLOUT}.val_kwargs.temperature, greedily by default",
+        0.0, f"{ROLLOUT}.val_kwargs.do_sample",
+    ),
+    files=(HYDRA_CONFIG,),
+    evaluation_dir="trainer.validation_data_dir",
+)  # fmt: skip
 step_of, policy_step, beside = LAYOUT.step_of, LAYOUT.policy_step, LAYOUT.beside
 
 

@@ -800,10 +800,16 @@ def checkpoint_row(path: Path, load: LoadSettings) -> Any:
 
 
 def score_notes(report: Any) -> list[str]:
-    """What reading the rollouts decided (the trainer's reader, matching veRL's inputs)."""
+    """What reading the rollouts decided (the trainer's reader, matching veRL's inputs, the
+    saved configuration that gave their temperature)."""
+    from collapsecheck.inputs.sampled_temperature import UNSAID, temperature_line
+
     notes = report.settings.get("trainer_rollouts", {}).get("notes", [])
     if "prompt_matching" in report.settings:
         notes = [*notes, report.settings["prompt_matching"]]
+    said = temperature_line(report.settings, report.warnings)
+    if said is not None and said[0] != UNSAID:  # that one is among the report's warnings
+        notes = [*notes, said[1]]
     return notes
 
 

@@ -49,13 +49,24 @@ def test_a_dump_and_rollouts_that_name_their_temperature_are_scored_there(temper
     ours = np.load(dump / "cross_logprobs.npz")["sum"]
     theirs = np.load(tmp_path / "named" / "cross_logprobs.npz")["sum"]
     assert np.abs(ours - theirs).max() < 1e-4
-    # the same rows without a temperature read the untempered policy: other numbers
+    # the same rows without a temperature read the untempered policy, said in one warning
     plain = write_jsonl(tmp_path / "plain.jsonl", rollout_rows(dump))
     untempered = score(HEALTHY, plain, **FAST)
-    assert untempered.settings["scoring_temperature"] == 1.0 and not untempered.warnings
+    assert untempered.settings["scoring_temperature"] == 1.0
+    assert untempered.warnings == [
+        f"{plain}: nothing says the temperature these rollouts were sampled at (no temperature "
+        "in their rows, no --temperature): scored at 1; pass --temperature T if they were "
+        "sampled at another"
+    ]
     assert untempered.value("conditional_entropy_est") != pytest.approx(
         sampled.value("conditional_entropy_est"), abs=1e-3
     )
+    # told the temperature, they are scored as the rows that name it
+    told = score(HEALTHY, plain, dump=tmp_path / "told", temperature=0.7, **FAST)
+    assert told.settings["sampled_temperature_source"] == "--temperature"
+    assert told.settings["scoring_temperature"] == 0.7
+    flagged = np.load(tmp_path / "told" / "cross_logprobs.npz")["sum"]
+    assert np.abs(flagged - theirs).max() < 1e-9
 
 
 def test_rows_at_two_temperatures_are_refused(tempered, tmp_path):

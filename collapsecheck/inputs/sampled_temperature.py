@@ -79,10 +79,45 @@ def sampled_temperature(
     return SampledTemperature(1.0, UNSAID, False, (unsaid_warning(rollouts, saved, unsaid),))
 
 
+def run_temperature_notes(steps: list[SampledTemperature]) -> list[str]:
+    """A run's rollout steps in a few lines: each saved configuration read (and the value it
+    gave), each warning of a --temperature a configuration contradicts, and how many steps
+    nothing said the temperature of (with the first one's warning)."""
+    notes = [
+        read_from(value, source)
+        for value, source in dict.fromkeys((s.value, s.source) for s in steps if s.keyed)
+        if source != FLAG
+    ]
+    notes += list(dict.fromkeys(w for s in steps if s.source == FLAG for w in s.warnings))
+    unsaid = [s for s in steps if s.source == UNSAID]
+    if unsaid:
+        notes.append(f"{len(unsaid)} of {len(steps)} rollout steps, first: {unsaid[0].warnings[0]}")
+    return notes
+
+
+def read_from(value: float, source: str) -> str:
+    return f"rollouts sampled at temperature {value:g}, as {source} says"
+
+
+def temperature_line(settings: dict[str, Any], warnings: list[str]) -> tuple[str, str] | None:
+    """What a report says of where its rollouts' temperature came from, keyed by its source
+    (a `watch` says each once): a saved configuration read, or nothing said; else None."""
+    source = settings.get("sampled_temperature_source")
+    if source == UNSAID:
+        return source, next(w for w in warnings if "nothing says the temperature" in w)
+    if source in (None, ROWS, DUMP, FLAG):
+        return None
+    return source, read_from(settings["sampled_temperature"], source)
+
+
 def named_by_file(rollouts: Path, parsed: ParsedRollouts | None) -> tuple[float | None, str]:
-    """The temperature the rollout file names itself, and where (rows, or a dump's report)."""
+    """The temperature the rollout file names itself, and where (rows, or a dump's report;
+    not a dump of rollouts whose temperature was assumed)."""
     if parsed is None:
-        return dump_temperature(rollouts).get("sampled_temperature"), DUMP
+        saved = dump_temperature(rollouts)
+        if saved.get("sampled_temperature_source") == UNSAID:
+            return None, DUMP
+        return saved.get("sampled_temperature"), DUMP
     return parsed.settings.get("sampled_temperature"), ROWS
 
 

@@ -77,13 +77,19 @@ def read_dump_samples(directory: str | Path) -> SampledPrompts:
     return SampledPrompts(prompts, rendered, samples, settings)
 
 
-def dump_temperature(directory: Path) -> dict[str, float]:
+def dump_temperature(directory: Path) -> dict[str, Any]:
     """`{"sampled_temperature": T}` from the dump's report.json, where the scan that wrote it
-    finished: the temperature it sampled at, or the one its rollouts named; else nothing."""
+    finished: the temperature it sampled at, or the one its rollouts were sampled at (with
+    `sampled_temperature_source`, where the report says how that was known); else nothing."""
     try:
         settings = json.loads((directory / "report.json").read_text(encoding="utf-8"))["settings"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     sampling = settings.get("sampling") or {}
     named = sampling.get("temperature", settings.get("sampled_temperature"))
-    return {} if named is None else {"sampled_temperature": float(named)}
+    if named is None:
+        return {}
+    source = settings.get("sampled_temperature_source")
+    return {"sampled_temperature": float(named)} | (
+        {"sampled_temperature_source": source} if source else {}
+    )

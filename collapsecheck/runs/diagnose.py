@@ -41,6 +41,7 @@ from collapsecheck.inputs.rollouts import (
     parse_rollouts,
     read_rollouts,
 )
+from collapsecheck.inputs.sampled_temperature import SampledTemperature, sampled_temperature
 from collapsecheck.inputs.samples import Sample, SampledPrompts
 from collapsecheck.measures.flow import (
     FlowThresholds,
@@ -327,6 +328,7 @@ def scan(
                 "prompts_sha256": file_sha256(prompt_path),
                 "samples_per_prompt": params.k,
                 "sampling": params.to_dict(),
+                "sampled_temperature": params.temperature,
             }
             timing = {
                 "started_at": started_at,
@@ -356,23 +358,28 @@ def score(
     loaded: Backend | None = None,
     training_prompts: str | Path | None = None,
     parsed: ParsedRollouts | None = None,
+    sampled: SampledTemperature | None = None,
     **flags: Any,
 ) -> Report:
     """Diagnose traces already sampled (rollouts, or a scan's dump) under the checkpoint that
     produced them: cross-scoring only. Reports as `scan` does; `loaded`: as for `scan`.
     `training_prompts`: the trainer's prompt file, whose rows veRL's decoded inputs are matched
     to, so that they are scored in the context the trainer rendered. `parsed`: the rollout
-    file as the caller already read it (`rollouts.parse_rollouts`), not read again."""
+    file as the caller already read it (`rollouts.parse_rollouts`), not read again; `sampled`:
+    the temperature they were sampled at as the caller already decided it (else decided here,
+    `inputs.sampled_temperature`: the rows, --temperature, the trainer's saved config, 1)."""
     settings = checked(resolve_settings(settings, flags))
     started, started_at = time.perf_counter(), utc_now()
     options = rollout_options or RolloutOptions.of(settings)
     # a bad row is refused before any model loads
     parsed = parsed or parse_rollouts(rollouts, options)
-    if parsed is not None:
-        require_tempered_scorer(settings, scoring_temperature(sampled_at(parsed.settings)))
     if training_prompts is not None:
         require_decoded_inputs(parsed, rollouts, Path(training_prompts))
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
+    sampled = sampled or sampled_temperature(
+        Path(rollouts), parsed, settings.sampling.temperature, checkpoint_path(checkpoint)
+    )
+    require_tempered_scorer(settings, scoring_temperature(sampled.value))
     with open_backend(checkpoint, loaded, settings) as model:
         loaded = time.perf_counter()
         data = rollouts_for(model, rollouts, options, settings, parsed, training_prompts)
@@ -392,6 +399,7 @@ def score(
                     "samples_per_prompt": max(len(s) for s in data.samples),
                     "prompt_rows": rows,
                     **data.settings,
+                    **sampled.recorded(),
                 },
                 timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
                 dump_dir=dump_dir,
@@ -400,23 +408,21 @@ def score(
                 reward_source=(
                     f"rollouts, {data.settings['rewards']}" if data.rewards is not None else None
                 ),
-                **rollouts_temperature(data.settings),
+                warnings=(
+                    *sampled.warnings,
+                    *temperature_warnings(sampled.value, "the rollouts were sampled"),
+                ),
+                temperature=scoring_temperature(sampled.value),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
 
 
-def sampled_at(rollouts: dict[str, Any]) -> float:
-    """The temperature rollouts were sampled at, as their rows name it; 1 where they do not."""
-    return rollouts.get("sampled_temperature", 1.0)
-
-
-def rollouts_temperature(rollouts: dict[str, Any]) -> dict[str, Any]:
-    """The temperature rollouts are scored at, and the warning that says so when not 1."""
-    named = sampled_at(rollouts)
-    return {
-        "temperature": scoring_temperature(named),
-        "warnings": tuple(temperature_warnings(named, "the rollouts were sampled")),
-    }
+def checkpoint_path(checkpoint: str | Path | Checkpoint) -> Path | None:
+    """The folder of the checkpoint scoring rollouts (a trainer's saved config may lie above
+    it), where it is one (not a model the caller loaded)."""
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint.path
+    return Path(checkpoint) if isinstance(checkpoint, str | Path) else None
 
 
 def require_tempered_scorer(settings: Settings, temperature: float) -> None:

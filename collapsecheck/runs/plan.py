@@ -28,6 +28,7 @@ from collapsecheck.inputs.rollouts import (
     context_key,
     parse_rollouts,
 )
+from collapsecheck.inputs.sampled_temperature import run_temperature_notes, sampled_temperature
 from collapsecheck.runs.cache import default_cache_root
 from collapsecheck.runs.cost import Cost, count, unit_cost
 from collapsecheck.runs.diagnose import require_decoded_inputs
@@ -229,13 +230,19 @@ def plan_run_rollouts(
         for p in pairings
     }
     root = cache_root(cache)
-    units = [
-        cached_unit(p.row, RolloutTraces(p.rollouts.path, options, training_prompts, p),
-                    settings, root)
+    given = settings.sampling.temperature
+    sampled = [
+        sampled_temperature(p.rollouts.path, parsed[p.rollouts.path], given, p.row.checkpoint.path)
         for p in pairings
+    ]
+    units = [
+        cached_unit(p.row, RolloutTraces(p.rollouts.path, options, training_prompts, p, at),
+                    settings, root)
+        for p, at in zip(pairings, sampled, strict=True)
     ]  # fmt: skip
     costs = [rollout_cost(parsed[p.rollouts.path], settings) for p in pairings]
     notes = (skipped_note(skipped, rollouts.folder),) if skipped else ()
+    notes += tuple(run_temperature_notes(sampled))
     return ScanPlan(
         tuple(units), tuple(costs), settings, rescan, rollouts.describe(), notes, len(skipped),
         parsed,
@@ -251,6 +258,7 @@ def plan_rollout_file(
     to `dump`; the file read and checked now, unless the caller already did (`parsed`)."""
     if parsed is None:
         parsed = read_rollouts_checked(path, options, training_prompts)
-    unit = WorkUnit(row, RolloutTraces(path, options, training_prompts), dump)
+    sampled = sampled_temperature(path, parsed, settings.sampling.temperature, row.checkpoint.path)
+    unit = WorkUnit(row, RolloutTraces(path, options, training_prompts, sampled=sampled), dump)
     costs = (rollout_cost(parsed, settings) if parsed is not None else None,)
     return ScanPlan((unit,), costs, settings, parsed={} if parsed is None else {path: parsed})

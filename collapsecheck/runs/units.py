@@ -16,6 +16,7 @@ from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.prompts import file_sha256
 from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions
+from collapsecheck.inputs.sampled_temperature import SampledTemperature
 from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, decide_flow
 from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
@@ -58,20 +59,25 @@ class SampledTraces:
 class RolloutTraces:
     """Traces already sampled: one rollout file (a trainer's own, or any rollout file) read
     with `options`. `training_prompts`: veRL's training prompt file its decoded inputs are
-    matched to; `pairing`: the run's step these rollouts are and the checkpoint scoring them."""
+    matched to; `pairing`: the run's step these rollouts are and the checkpoint scoring them;
+    `sampled`: the temperature they were sampled at, decided while planning."""
 
     path: Path
     options: RolloutOptions
     training_prompts: Path | None = None
     pairing: Pairing | None = None
+    sampled: SampledTemperature | None = None
 
     def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
         """Those that change the numbers, less sampling (nothing is sampled), with the
-        training prompts the inputs were matched to."""
+        training prompts the inputs were matched to and the temperature the rollouts were
+        sampled at where it came from outside their file (--temperature, a saved config)."""
         key = {k: v for k, v in settings.numbers().items() if k != "sampling"}
         key["traces"] = "trainer rollouts"
         if self.training_prompts is not None:
             key["training_prompts_sha256"] = file_sha256(self.training_prompts)
+        if self.sampled is not None and self.sampled.keyed:
+            key["sampled_temperature"] = self.sampled.value
         return self.path, key
 
 
@@ -202,5 +208,5 @@ def run_unit(
     return score(
         unit.checkpoint, traces.path, settings, rollout_options=traces.options,
         training_prompts=traces.training_prompts, parsed=(parsed or {}).get(traces.path),
-        **common,
+        sampled=traces.sampled, **common,
     )  # fmt: skip

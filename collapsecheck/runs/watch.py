@@ -27,6 +27,7 @@ from collapsecheck.inputs.baseline import check_tokenizers
 from collapsecheck.inputs.checkpoint import Checkpoint, detect_checkpoint
 from collapsecheck.inputs.completeness import Completeness, weights_present, written_at
 from collapsecheck.inputs.discovery import RunCheckpoint, step_number
+from collapsecheck.inputs.sampled_temperature import temperature_line
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.gate import RuleResult, check_report, failures
 from collapsecheck.reports.report import Report
@@ -62,6 +63,7 @@ class Followed:
     gone: set[str] = field(default_factory=set)
     queued: dict[str, RunCheckpoint] = field(default_factory=dict)  # ready, not yet diagnosed
     busy: set[str] = field(default_factory=set)  # being diagnosed by another process
+    said: set[str] = field(default_factory=set)  # where rollouts' temperatures came from
     fired: bool = False
 
     def names(self) -> set[str]:
@@ -356,6 +358,13 @@ class Watch:
         if self.start is not None:
             read_against_start([report], self.start)
 
+    def say_temperature(self, report: Report) -> None:
+        """Where the rollouts' temperature came from (a saved config, or nothing), once."""
+        said = temperature_line(report.settings, report.warnings)
+        if said is not None and said[0] not in self.followed.said:
+            self.followed.said.add(said[0])
+            self.say(said[1])
+
     def say_left_out(self) -> None:
         """At the end, what was not diagnosed is named, not silently left out."""
         for line in self.traces.left_out(self):
@@ -417,6 +426,7 @@ class Watch:
         self.read_against_start(report)
         self.followed.done[unit_key(unit)] = (unit, report)
         self.say(step_line(report, unit, written))
+        self.say_temperature(report)
         self.after_step(self.run_report(), unit.row, report)
         failed = failures(check_report(report, self.gate))
         if not failed:

@@ -337,3 +337,103 @@ def test_unset_temperature_keys_the_caches_as_one():
     assert Settings().sampling_key() == Settings.build(temperature=1).sampling_key()
     assert Settings().numbers() != Settings.build(temperature=0.5).numbers()
     assert Settings().sampling.sampling_temperature == 1.0
+
+
+# -- every other trainer: its own files, its own keys -----------------------------------------
+
+# skyrl-train's ppo_base_config.yaml keys of its two kinds of sampling
+SKYRL_CONFIG = """\
+generator:
+  sampling_params:
+    temperature: 0.9
+    top_p: 1.0
+  eval_sampling_params:
+    temperature: 0.6
+trainer:
+  export_path: ${trainer.run_dir}/exports
+  run_dir: .
+"""
+
+
+def test_skyrl_trains_and_evaluates_at_its_own_keys(tmp_path):
+    shutil.copytree(DUMPS / "skyrl", tmp_path / "skyrl")
+    saved = hydra_saves(SKYRL_CONFIG, tmp_path / "skyrl")  # hydra.run.dir: the export path
+    evals = tmp_path / "skyrl" / "dumped_evals" / "global_step_2_evals"
+    batch = tmp_path / "skyrl" / "dumped_data" / "global_step_2_training_input.pkl"
+    at_eval = sampled_temperature(evals, parse(evals), None, None)
+    assert at_eval.value == 0.6
+    assert at_eval.source == f"{saved} (generator.eval_sampling_params.temperature)"
+    at_training = sampled_temperature(batch, parse(batch), None, None)
+    assert at_training.value == 0.9
+    assert at_training.source == f"{saved} (generator.sampling_params.temperature)"
+
+
+def prime_rl_run(tmp_path, config_name, config_text):
+    """prime-rl's run folder: its rollouts as the file monitor writes them, and the resolved
+    orchestrator config the `rl` launcher writes beside them in configs/."""
+    run = tmp_path / "prime-run"
+    shutil.copytree(DUMPS / "prime-rl" / "rollouts", run / "rollouts")
+    step = run / "rollouts" / "step_5"
+    shutil.copytree(step / "train", step.parent / "step_6" / "eval")  # an evaluation's traces
+    (run / "configs").mkdir()
+    (run / "configs" / config_name).write_text(config_text)
+    return run
+
+
+def test_prime_rls_orchestrator_config_json_and_toml(tmp_path):
+    config = {
+        "train": {"sampling": {"temperature": 0.7, "max_tokens": 64}},
+        "eval": {"sampling": {"temperature": None}},
+    }
+    run = prime_rl_run(tmp_path, "orchestrator.json", json.dumps(config, indent=2))
+    train = run / "rollouts" / "step_5"
+    at = sampled_temperature(train, parse(train), None, None)
+    assert (at.value, at.source) == (0.7, f"{run}/configs/orchestrator.json (train.sampling"
+                                          ".temperature)")  # fmt: skip
+    evaluation = run / "rollouts" / "step_6"
+    unsaid = sampled_temperature(evaluation, parse(evaluation), None, None)
+    assert unsaid.source == UNSAID  # null: the inference server's default, not known here
+    assert "sets none of eval.sampling.temperature" in unsaid.warnings[0]
+    assert "else at the inference server's default: pass --temperature T" in unsaid.warnings[0]
+    older = prime_rl_run(tmp_path / "older", "orchestrator.toml", "[sampling]\ntemperature = 0.4\n")
+    step = older / "rollouts" / "step_5" / "train" / "effective" / "traces.jsonl"
+    assert sampled_temperature(step, parse(step), None, None).value == 0.4
+
+
+def test_areals_trial_config_gives_training_and_evaluation(tmp_path):
+    trial = tmp_path / "logs" / "user" / "experiment" / "trial"
+    shutil.copytree(DUMPS / "areal" / "rollout", trial / "rollout")
+    shutil.copytree(DUMPS / "areal" / "rollout", trial / "eval-rollout")
+    # as AReaL's save_config writes the resolved experiment config (yaml of its dataclasses)
+    (trial / "config.yaml").write_text(
+        "experiment_name: experiment\ntrial_name: trial\ngconfig:\n  n_samples: 4\n"
+        "  temperature: 0.85\n  max_new_tokens: 64\neval_gconfig: null\n"
+    )
+    training = trial / "rollout" / "4" / "0.jsonl"
+    evaluation = trial / "eval-rollout" / "5"
+    assert sampled_temperature(training, parse(training), None, None).value == 0.85
+    at_eval = sampled_temperature(evaluation, parse(evaluation), None, None)
+    assert at_eval.value == 0.85  # eval_gconfig unset: gconfig's, as AReaL copies it
+    assert at_eval.source == f"{trial / 'config.yaml'} (gconfig.temperature)"
+
+
+@pytest.mark.parametrize(
+    "path, default",
+    [
+        (ROOT / "tests" / "fixtures" / "trl-grpo-completions" / "completions"
+         / "completions_00002.parquet",
+         "trl saves no configuration that can be read without running code): scored at 1; TRL "
+         "samples at GRPOConfig.temperature, 1.0 by default (its training_args.bin is a "
+         "pickle, left unread): pass --temperature T if they were sampled at another"),
+        (DUMPS / "slime" / "rollout_data" / "eval_3.pt",
+         "scored at 1; slime evaluates at --eval-temperature (or its --eval-config's), else at "
+         "--rollout-temperature, 1.0 by default: pass --temperature T"),
+        (RAGEN, RAGEN_WARNING),
+    ],
+)  # fmt: skip
+def test_where_nothing_says_it_the_warning_names_the_trainers_default(path, default):
+    at = sampled_temperature(path, parse(path), None, None)
+    assert (at.value, at.source, at.keyed) == (1.0, UNSAID, False)
+    (warning,) = at.warnings
+    assert warning.startswith(f"{path}: nothing says the temperature these rollouts were sampled")
+    assert default in warning

@@ -484,6 +484,9 @@ def test_a_runs_own_rollouts_are_scored_as_each_step_lands(tmp_path):
     said = "\n".join(lines)
     assert said.count("step 4: ") == 1 and "rollouts scored by checkpoint-2 (gap 1)" in said
     assert said.count("step 6: ") == 1 and "rollouts scored by checkpoint-4 (gap 1)" in said
+    # TRL saves its arguments only as a pickle: scored at 1, said once for the whole watch
+    assert said.count("nothing says the temperature these rollouts were sampled at") == 1
+    assert "TRL samples at GRPOConfig.temperature, 1.0 by default" in said
     after = score_run(source, settings=watch.settings, cache_root=tmp_path / "after")
     expected = {s.checkpoint.label: s.report.metrics for s in after.steps}
     for step in watch.run_report().steps:
@@ -610,6 +613,9 @@ def test_another_trainers_step_folders_are_scored_as_each_lands(tmp_path):
     run.mkdir()
     (run / "step_3").symlink_to(HEALTHY, target_is_directory=True)
     shutil.copytree(source / "step_5", run / "rollouts" / "step_5")
+    (run / "configs").mkdir()  # the `rl` launcher's resolved orchestrator config
+    orchestrator = run / "configs" / "orchestrator.json"
+    orchestrator.write_text(json.dumps({"train": {"sampling": {"temperature": 1.0}}}))
 
     def trainer():  # the next step's traces land while the watch is running (its `all/` only)
         time.sleep(1.0)
@@ -628,6 +634,8 @@ def test_another_trainers_step_folders_are_scored_as_each_lands(tmp_path):
     for step in (5, 6):
         assert said.count(f"step {step}: ") == 1, said
     assert said.count("rollouts scored by step_3 (gap 0)") == 2, said
+    read = f"rollouts sampled at temperature 1, as {orchestrator} (train.sampling.temperature) says"
+    assert said.count(read) == 1, said
 
 
 def test_the_watch_takes_the_run_scans_training_log_flags(tmp_path):

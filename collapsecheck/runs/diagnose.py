@@ -391,16 +391,7 @@ def score(
                 settings,
                 thresholds or Thresholds(),
                 flow_thresholds or FlowThresholds(),
-                recorded={
-                    "checkpoint": name,
-                    **checkpoint_notes(checkpoint),
-                    "prompts": data.settings["rollouts"],
-                    "prompts_sha256": data.settings["rollouts_sha256"],
-                    "samples_per_prompt": max(len(s) for s in data.samples),
-                    "prompt_rows": rows,
-                    **data.settings,
-                    **sampled.recorded(),
-                },
+                recorded=rollouts_record(name, checkpoint, data, rows, sampled),
                 timing={"started_at": started_at, "load_s": round(loaded - started, 3)},
                 dump_dir=dump_dir,
                 progress=progress,
@@ -408,13 +399,38 @@ def score(
                 reward_source=(
                     f"rollouts, {data.settings['rewards']}" if data.rewards is not None else None
                 ),
-                warnings=(
-                    *sampled.warnings,
-                    *temperature_warnings(sampled.value, "the rollouts were sampled"),
-                ),
-                temperature=scoring_temperature(sampled.value),
+                **rollouts_temperature(sampled),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
+
+
+def rollouts_record(
+    name: str, checkpoint: str | Path | Checkpoint, data: SampledPrompts,
+    rows: dict[str, Any], sampled: SampledTemperature,
+) -> dict[str, Any]:  # fmt: skip
+    """The report's settings of scored rollouts known before scoring: the checkpoint, the
+    rollout file, what reading it decided and the temperature they were sampled at."""
+    return {
+        "checkpoint": name,
+        **checkpoint_notes(checkpoint),
+        "prompts": data.settings["rollouts"],
+        "prompts_sha256": data.settings["rollouts_sha256"],
+        "samples_per_prompt": max(len(s) for s in data.samples),
+        "prompt_rows": rows,
+        **data.settings,
+        **sampled.recorded(),
+    }
+
+
+def rollouts_temperature(sampled: SampledTemperature) -> dict[str, Any]:
+    """The temperature rollouts are scored at, and what the user is told of it."""
+    return {
+        "temperature": scoring_temperature(sampled.value),
+        "warnings": (
+            *sampled.warnings,
+            *temperature_warnings(sampled.value, "the rollouts were sampled"),
+        ),
+    }
 
 
 def checkpoint_path(checkpoint: str | Path | Checkpoint) -> Path | None:

@@ -96,12 +96,14 @@ def system_prompt_requests():
 
 
 def record_batch_shapes(model):
+    """The input shapes of every pass of the decoder (the model's forward, or the decoder
+    alone where the scorer applies the LM head itself)."""
     shapes = []
 
     def hook(module, args, kwargs):
-        shapes.append(tuple(kwargs["input_ids"].shape))
+        shapes.append(tuple(kwargs.get("input_ids", args[0] if args else None).shape))
 
-    return shapes, model.register_forward_pre_hook(hook, with_kwargs=True)
+    return shapes, model.base_model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def test_common_system_prompt_is_computed_once_and_exactly(random_checkpoint):
@@ -135,10 +137,11 @@ def test_out_of_memory_splits_the_batch_and_stays_exact(random_checkpoint, score
     )
 
     def out_of_memory_above_two(module, args, kwargs):
-        if kwargs["input_ids"].shape[0] > 2:
+        if kwargs.get("input_ids", args[0] if args else None).shape[0] > 2:
             raise torch.OutOfMemoryError("simulated: CUDA out of memory")
 
-    handle = backend.model.register_forward_pre_hook(out_of_memory_above_two, with_kwargs=True)
+    decoder = backend.model.base_model  # every pass runs it, with or without the LM head
+    handle = decoder.register_forward_pre_hook(out_of_memory_above_two, with_kwargs=True)
     try:
         scores = backend.loglikelihood(requests, no_progress)
     finally:

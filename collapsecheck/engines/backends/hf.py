@@ -24,6 +24,7 @@ from collapsecheck.engines.backends.hf_scoring import (
     cache_keyword,
     returned_cache,
 )
+from collapsecheck.engines.backends.logit_head import LogitHead
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.checkpoint import (
     Checkpoint,
@@ -133,6 +134,7 @@ class TransformersBackend(TransformersScoring):
         self.sample_batch = sample_batch
         self.device = str(next(model.parameters()).device)
         self.cache_keyword = cache_keyword(model)
+        self.head = LogitHead.of(model)
         generation = getattr(model, "generation_config", None)
         self.stop_ids = stop_token_ids(
             getattr(generation, "eos_token_id", None), tokenizer.eos_token_id
@@ -182,6 +184,7 @@ class TransformersBackend(TransformersScoring):
             "device": self.device,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "scorer": self.scorer,
+            "logits": self.logits_path(),
         }
 
     def decode(self, ids: Sequence[int]) -> str:

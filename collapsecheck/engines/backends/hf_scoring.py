@@ -22,6 +22,7 @@ import torch
 
 from collapsecheck.engines.backends.base import Progress, ScoreRequest, TokenLogProbs
 from collapsecheck.engines.backends.hf_layout import RowLayout, StemRow
+from collapsecheck.engines.backends.logit_head import FULL_LOGITS, LogitHead
 from collapsecheck.errors import CollapsecheckError
 
 # docs/benchmarks.md, "Early answering": at the demo shape, 3/4 cut the scoring time of a
@@ -119,6 +120,22 @@ def predicted_logprobs(
     return torch.where(predictor >= 0, picked, first)
 
 
+def head_predicted_logprobs(
+    head: LogitHead, hidden: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor,
+    targets: torch.Tensor, temperature: float = 1.0,
+) -> torch.Tensor:  # fmt: skip
+    """`predicted_logprobs` from the decoder's hidden states (B, inputs, H): the LM head runs
+    in tiles on the predicting positions only (`logit_head`), never on the whole rows."""
+    predicted = predictor >= 0
+    rows = torch.arange(targets.shape[0], device=targets.device)[:, None].expand_as(predictor)
+    states = hidden[rows[predicted], predictor[predicted]]
+    picked = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+    picked[predicted] = head.logprobs(states, targets[predicted], temperature)
+    first_row = tempered(first_logits[0], temperature)
+    first = first_row[targets] - torch.logsumexp(first_row, dim=-1)
+    return torch.where(predicted, picked, first)
+
+
 def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
     """Per-row sum of the masked log-probabilities, in float64 on the host."""
     return (logprobs.double() * mask).sum(dim=1).cpu().numpy()
@@ -206,6 +223,13 @@ class TransformersScoring:
     batch_tokens: int
     pad_id: int
     cache_keyword: str
+    head: LogitHead | None  # None: the model's full logits (`logit_head`)
+
+    def logits_path(self) -> str:
+        """How log-probabilities are read, for the report's settings (`logits`)."""
+        if self.head is not None:
+            return self.head.describe()
+        return f"{FULL_LOGITS} (model type {self.model.config.model_type}: its head is not known)"
 
     def position_offset(self, context: Sequence[int]) -> int:
         """What a continuation's positions add beyond the context's length (0 for text; a
@@ -221,6 +245,11 @@ class TransformersScoring:
     def _forward_cached(self, cache: Any, **inputs: Any) -> Any:
         """The model's forward on `inputs` after the key/value cache `cache`."""
         return self.model(**inputs, **{self.cache_keyword: cache})
+
+    def _hidden(self, **inputs: Any) -> torch.Tensor:
+        """The decoder's last hidden states (its final norm applied) on `inputs`: the model's
+        forward less its LM head (`logit_head.KNOWN_HEADS`)."""
+        return self.model.base_model(**inputs).last_hidden_state
 
     def loglikelihood(
         self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
@@ -283,12 +312,18 @@ class TransformersScoring:
             rows = [requests[i].context + requests[i].continuation for i in batch]
             ids = _right_pad(rows, self.pad_id, self.device)
             attention = _positions_mask([0] * len(rows), [len(r) for r in rows], ids.shape[1])
-            logits = self.model(input_ids=ids, attention_mask=attention.to(self.device)).logits
-            # logits[:, t] predicts ids[:, t + 1]
+            inputs = {"input_ids": ids, "attention_mask": attention.to(self.device)}
+            # position t predicts ids[:, t + 1]
             starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
             ends = [len(r) - 1 for r in rows]
             mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
-            logprobs = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
+            if self.head is None:
+                logits = self.model(**inputs).logits
+                logprobs = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
+            else:  # the head on the scored positions only
+                hidden = self._hidden(**inputs)[:, :-1]
+                logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
+                logprobs[mask] = self.head.logprobs(hidden[mask], ids[:, 1:][mask], temperature)
             spans = [(b, s, e) for b, (s, e) in enumerate(zip(starts, ends, strict=True))]
             out.put(batch, masked_sums(logprobs, mask), logprobs, spans)
             return len(batch)
@@ -343,27 +378,33 @@ class TransformersScoring:
         context_length = group.cache.get_seq_length()
         one_row = torch.zeros(len(batch), dtype=torch.long, device=self.device)
         cache = _select_rows(group.cache, one_row)  # the context's one row, once per stem
+        inputs = {"input_ids": layout.ids, "use_cache": True, self.cache_keyword: cache}
         positions = context_length + group.offset + layout.positions
         if layout.branched:
             dtype = next(self.model.parameters()).dtype
             allowed = layout.allowed(context_length)
             mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
             mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-            logits = self._forward_cached(
-                cache, input_ids=layout.ids, attention_mask=mask, position_ids=positions,
-                use_cache=True,
-            ).logits  # fmt: skip
+            inputs |= {"attention_mask": mask, "position_ids": positions}
         elif group.offset:  # plain rows after images: their positions said
-            logits = self._forward_cached(
-                cache, input_ids=layout.ids, position_ids=positions, use_cache=True
-            ).logits
-        else:  # plain rows: causal on the context, right padding after every real token
-            logits = self._forward_cached(cache, input_ids=layout.ids, use_cache=True).logits
-        logprobs = predicted_logprobs(
-            logits, group.first_logits, layout.predictor, layout.targets, group.temperature
-        )
+            inputs["position_ids"] = positions
+        # else plain rows: causal on the context, right padding after every real token
+        logprobs = self._predicted(inputs, group, layout)
         totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
         spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
         values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]
         group.out.put(layout.requests, values.numpy(), logprobs, layout.spans)
         return len(layout.requests)
+
+    def _predicted(self, inputs: dict[str, Any], group: _StemGroup, layout: RowLayout) -> Any:
+        """Each target's log-probability in the rows `inputs` run on the context's cache:
+        through the tiled head where the model's is known, else from its full logits."""
+        if self.head is None:
+            logits = self.model(**inputs).logits
+            return predicted_logprobs(
+                logits, group.first_logits, layout.predictor, layout.targets, group.temperature
+            )
+        return head_predicted_logprobs(
+            self.head, self._hidden(**inputs), group.first_logits, layout.predictor,
+            layout.targets, group.temperature,
+        )  # fmt: skip

@@ -154,6 +154,8 @@ class VisionLanguageBackend(TransformersBackend):
 
     def __init__(self, model: Any, tokenizer: Any, vision: Vision, **kwargs: Any) -> None:
         super().__init__(model, tokenizer, **kwargs)
+        if self.scorer == "naive":  # its one pass per request, images and all, reads the logits
+            self.head = None
         self.vision = vision
         self._offsets: dict[tuple[int, ...], int] = {}  # per context: its rope delta
         self.max_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)

@@ -1,0 +1,96 @@
+"""Log-probabilities of given tokens without the vocabulary-wide logits, as TRL's chunked
+log-prob (`fused_lm_head`), prime-rl's and veRL's fused kernels compute them: the decoder's
+hidden states at the scored positions only, the LM head applied in tiles of tokens x
+vocabulary with a running log-sum-exp in float32, and each target's logit picked by one dot
+product with its row of the head. No tensor of positions x vocabulary outlives one tile.
+
+Each model's own logit transform is kept: Granite's `logits / logits_scaling`, Cohere's
+`logits * logit_scale`, Gemma 2 and 3's final soft-capping `cap * tanh(logits / cap)`; then
+the sampling temperature, as the full logits had it (SPEC "Sampling"). A model whose causal-LM
+forward is not known to be `lm_head(base_model(...).last_hidden_state)` with at most those
+transforms keeps the full logits (`LogitHead.of` is None; the report's `settings.logits` says
+so)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+TOKEN_TILE = 1024  # scored positions per tile
+VOCAB_TILE = 16384  # vocabulary entries per tile: 64 MiB of float32 logits at most
+# model types whose forward is the base model, the LM head and (config) one transform below
+KNOWN_HEADS = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+    "gemma2", "gemma3_text", "gemma3", "granite", "granitemoe", "cohere", "cohere2", "phi3",
+    "olmo", "olmo2", "smollm3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+})  # fmt: skip
+FULL_LOGITS = "full logits"
+
+
+@dataclass(frozen=True)
+class LogitHead:
+    """The LM head's weight (V, H) and bias, and the model's own transform of its logits."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    multiply: float | None = None  # Cohere's logit_scale
+    divide: float | None = None  # Granite's logits_scaling
+    softcap: float | None = None  # Gemma's final_logit_softcapping
+
+    @classmethod
+    def of(cls, model: Any) -> LogitHead | None:
+        """The head of a model whose forward is known, else None (the full logits)."""
+        config = model.config
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if config.model_type not in KNOWN_HEADS or not isinstance(head, torch.nn.Linear):
+            return None
+        text = config.get_text_config()
+        return cls(
+            head.weight,
+            head.bias,
+            multiply=getattr(text, "logit_scale", None),
+            divide=getattr(text, "logits_scaling", None),
+            softcap=getattr(text, "final_logit_softcapping", None),
+        )
+
+    def describe(self) -> str:
+        return f"tiled LM head ({TOKEN_TILE} tokens x {VOCAB_TILE} vocabulary, float32)"
+
+    def transformed(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Logits (float32) as the model's forward returns them, then / temperature."""
+        if self.multiply is not None:
+            logits = logits * self.multiply
+        if self.divide is not None:
+            logits = logits / self.divide
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits if temperature == 1 else logits / temperature
+
+    def logprobs(
+        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+    ) -> torch.Tensor:
+        """log softmax(transformed logits / temperature)[target] of each hidden state (M, H)
+        and its target (M,), in float32: (M,)."""
+        out = torch.empty(targets.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, targets.shape[0], TOKEN_TILE):
+            rows = slice(start, start + TOKEN_TILE)
+            out[rows] = self._tile_logprobs(hidden[rows], targets[rows], temperature)
+        return out
+
+    def _tile_logprobs(
+        self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        picked = (hidden * self.weight[targets]).sum(-1, dtype=torch.float32)
+        if self.bias is not None:
+            picked = picked + self.bias[targets].float()
+        lse = torch.full_like(picked, -torch.inf)
+        for start in range(0, self.weight.shape[0], VOCAB_TILE):
+            rows = slice(start, start + VOCAB_TILE)
+            logits = torch.nn.functional.linear(
+                hidden, self.weight[rows], None if self.bias is None else self.bias[rows]
+            )
+            tile = self.transformed(logits.float(), temperature)
+            lse = torch.logaddexp(lse, torch.logsumexp(tile, dim=-1))
+        return self.transformed(picked, temperature) - lse

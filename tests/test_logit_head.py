@@ -1,0 +1,145 @@
+"""Log-probabilities without the vocabulary-wide logits (engines/backends/logit_head.py): the
+decoder's hidden states at the scored positions, the LM head in tiles with a running
+log-sum-exp, each model's own logit transform kept. Every value against a plain forward pass
+of the whole model (its logits as its forward returns them, / the temperature), within 1e-5
+nats a token in float32, for Llama-, Qwen2-, Gemma 2- (soft-capped), Granite- (scaled) and
+Cohere-style (scaled) random models, tiles far smaller than the vocabulary."""
+
+import numpy as np
+import pytest
+import torch
+
+from collapsecheck.engines.backends import logit_head
+from collapsecheck.engines.backends.base import ScoreRequest
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.settings import LoadSettings
+
+PER_TOKEN = 1e-5
+
+
+def no_progress(n):
+    pass
+
+
+def small(config_class, vocab_size, **extra):
+    return config_class(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        head_dim=8, **extra,
+    )  # fmt: skip
+
+
+def families():
+    from transformers import (
+        CohereConfig,
+        Gemma2Config,
+        GraniteConfig,
+        LlamaConfig,
+        Qwen2Config,
+    )
+
+    return {
+        "llama": (LlamaConfig, {}),
+        "qwen2": (Qwen2Config, {}),
+        "gemma2": (Gemma2Config, {"final_logit_softcapping": 2.0}),
+        "granite": (GraniteConfig, {"logits_scaling": 3.0}),
+        "cohere": (CohereConfig, {"logit_scale": 0.4}),
+    }
+
+
+@pytest.fixture(scope="module", params=sorted(families()))
+def family_checkpoint(request, tmp_path_factory, demo_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    config_class, extra = families()[request.param]
+    torch.manual_seed(0)
+    special = {"bos_token_id": 0, "pad_token_id": 0, "eos_token_id": demo_tokenizer.eos_token_id}
+    config = small(config_class, len(demo_tokenizer), **special, **extra)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # logits large enough that the transform changes them
+        model.get_output_embeddings().weight.mul_(8.0)
+    path = tmp_path_factory.mktemp(f"head-{request.param}")
+    model.save_pretrained(path)
+    demo_tokenizer.save_pretrained(path)
+    return request.param, path
+
+
+def branched_requests(rng):
+    """Contexts shared by several continuations; stems with branches after them (an action
+    after a reasoning, and the reasoning cut short), as the flow's requests are."""
+    requests = []
+    for _ in range(3):
+        context = tuple(rng.integers(3, 50, size=int(rng.integers(3, 9))).tolist())
+        for _ in range(3):
+            stem = tuple(rng.integers(3, 50, size=int(rng.integers(2, 12))).tolist())
+            action = tuple(rng.integers(3, 50, size=3).tolist())
+            requests.append(ScoreRequest(context, stem, 0))
+            requests.append(ScoreRequest(context, stem + action, len(stem), stem=len(stem)))
+            cut = len(stem) // 2
+            requests.append(
+                ScoreRequest(context, stem[:cut] + action, cut, stem=cut, host=stem)
+            )
+    return requests
+
+
+def plain_per_token(model, request, temperature):
+    ids = torch.tensor([list(request.context + request.continuation)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    start = len(request.context) + request.scored_from
+    return np.array([logprobs[t - 1, ids[0, t]].item() for t in range(start, ids.shape[1])])
+
+
+@pytest.mark.parametrize("scorer", ["cached", "naive"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_every_token_equals_a_plain_forward_pass(
+    family_checkpoint, scorer, temperature, monkeypatch
+):
+    monkeypatch.setattr(logit_head, "TOKEN_TILE", 7)
+    monkeypatch.setattr(logit_head, "VOCAB_TILE", 16)
+    name, path = family_checkpoint
+    backend = TransformersBackend.from_checkpoint(
+        path, LoadSettings(device="cpu", dtype="float32"), scorer=scorer
+    )
+    assert backend.describe()["logits"].startswith("tiled LM head"), name
+    requests = branched_requests(np.random.default_rng(1))
+    scored = backend.loglikelihood_per_token(requests, no_progress, temperature)
+    worst = 0.0
+    for index, request in enumerate(requests):
+        expected = plain_per_token(backend.model, request, temperature)
+        got = scored.of_request(index)
+        worst = max(worst, float(np.abs(got - expected).max()))
+        assert scored.sums[index] == pytest.approx(got.sum(), abs=1e-9)
+    assert worst < PER_TOKEN, (name, worst)
+
+
+def test_the_transform_is_the_models_own(family_checkpoint):
+    """The head's logits of a hidden state are the model's own logits of it (soft-capped,
+    scaled), before the temperature."""
+    from transformers import AutoModelForCausalLM
+
+    name, path = family_checkpoint
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    head = logit_head.LogitHead.of(model)
+    ids = torch.tensor([[5, 9, 17, 33, 2, 40]])
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=ids).last_hidden_state[0]
+        own = model(input_ids=ids).logits[0]
+        mine = head.transformed(torch.nn.functional.linear(hidden, head.weight), 1.0)
+    assert torch.allclose(own, mine, atol=1e-5), name
+    if name != "llama" and name != "qwen2":  # the transform matters: without it, other logits
+        plain = torch.nn.functional.linear(hidden, head.weight)
+        assert not torch.allclose(own, plain, atol=1e-3), name
+
+
+def test_an_unknown_head_keeps_the_full_logits_and_says_so(random_checkpoint):
+    backend = TransformersBackend.from_checkpoint(
+        random_checkpoint, LoadSettings(device="cpu", dtype="float32")
+    )
+    said = backend.describe()["logits"]
+    if backend.model.config.model_type == "gpt2":
+        assert backend.head is None
+        assert said == "full logits (model type gpt2: its head is not known)"
+    else:
+        assert backend.head is not None and said.startswith("tiled LM head")

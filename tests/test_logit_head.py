@@ -76,9 +76,7 @@ def branched_requests(rng):
             requests.append(ScoreRequest(context, stem, 0))
             requests.append(ScoreRequest(context, stem + action, len(stem), stem=len(stem)))
             cut = len(stem) // 2
-            requests.append(
-                ScoreRequest(context, stem[:cut] + action, cut, stem=cut, host=stem)
-            )
+            requests.append(ScoreRequest(context, stem[:cut] + action, cut, stem=cut, host=stem))
     return requests
 
 

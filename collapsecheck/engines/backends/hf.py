@@ -24,7 +24,7 @@ from collapsecheck.engines.backends.hf_scoring import (
     cache_keyword,
     returned_cache,
 )
-from collapsecheck.engines.backends.logit_head import LogitHead
+from collapsecheck.engines.backends.logit_head import TILE_BYTES, LogitHead
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.checkpoint import (
     Checkpoint,
@@ -41,18 +41,23 @@ CPU_SCORING_BUDGET = 2 * 2**30  # bytes of activations a CPU scoring batch may u
 GPU_BUDGET_SHARE = 0.5  # share of the free GPU memory a scoring batch may use
 
 
-def auto_batch_tokens(model: Any) -> int:
+def auto_batch_tokens(model: Any, tiled: bool | None = None) -> int:
     """Tokens per scoring batch that fit the memory at hand: a budget (half the free GPU
-    memory, or 2 GiB on CPU) over a per-token estimate (float32 logits and their log-softmax
-    work space, key/values, activations). A heuristic: the out-of-memory guard backs it up."""
+    memory, or 2 GiB on CPU) over a per-token estimate (key/values, activations, and either
+    the float32 logits with their log-softmax work space, or, where the LM head runs in tiles
+    (`logit_head`), each scored position's hidden state, the tiles' fixed work space taken
+    off the budget first; `tiled`: which, where not the model's own). A heuristic: the
+    out-of-memory guard backs it up."""
     config = model.config.get_text_config()
     element = next(model.parameters()).element_size()
+    tiled = LogitHead.of(model) is not None if tiled is None else tiled
     per_token = (
-        4 * config.vocab_size * 4  # logits (float32), log-softmax temporaries
+        (4 * config.hidden_size * 4 if tiled else 4 * config.vocab_size * 4)
         + kv_bytes_per_token(model)
         + 16 * config.hidden_size * element  # activations of one layer
+        + 3 * getattr(config, "intermediate_size", 0) * element  # its MLP's
     )
-    budget = memory_budget(next(model.parameters()).device)
+    budget = memory_budget(next(model.parameters()).device) - (TILE_BYTES if tiled else 0)
     return int(min(max(budget // per_token, 256), 2**17))
 
 

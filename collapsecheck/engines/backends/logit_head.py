@@ -20,6 +20,7 @@ import torch
 
 TOKEN_TILE = 1024  # scored positions per tile
 VOCAB_TILE = 16384  # vocabulary entries per tile: 64 MiB of float32 logits at most
+TILE_BYTES = 3 * TOKEN_TILE * VOCAB_TILE * 4  # a tile's logits, transformed, exponentiated
 # model types whose forward is the base model, the LM head and (config) one transform below
 KNOWN_HEADS = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",

@@ -141,3 +141,20 @@ def test_an_unknown_head_keeps_the_full_logits_and_says_so(random_checkpoint):
         assert said == "full logits (model type gpt2: its head is not known)"
     else:
         assert backend.head is not None and said.startswith("tiled LM head")
+
+
+def test_in_bfloat16_the_tiles_agree_with_the_full_logits_within_its_rounding(family_checkpoint):
+    """A bfloat16 model: each target's logit rounded once to bfloat16, as the head's matmul
+    rounds it, so no log-probability passes 0 and the two paths agree to bfloat16's rounding."""
+    name, path = family_checkpoint
+    backend = TransformersBackend.from_checkpoint(
+        path, LoadSettings(device="cpu", dtype="bfloat16")
+    )
+    requests = branched_requests(np.random.default_rng(2))
+    tiled = backend.loglikelihood_per_token(requests, no_progress).values
+    head, backend.head = backend.head, None
+    full = backend.loglikelihood_per_token(requests, no_progress).values
+    backend.head = head
+    assert (tiled <= 1e-6).all(), name
+    # a logit rounded to bfloat16 (8 bits of mantissa) moves by up to 2^-8 of its size
+    assert np.abs(tiled - full).max() < 0.05, (name, np.abs(tiled - full).max())

@@ -47,6 +47,8 @@ class LogitHead:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if config.model_type not in KNOWN_HEADS or not isinstance(head, torch.nn.Linear):
             return None
+        if head.weight.device.type == "meta":  # offloaded by --device-map: its hook loads it
+            return None
         text = config.get_text_config()
         return cls(
             head.weight,
@@ -73,19 +75,25 @@ class LogitHead:
         self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
     ) -> torch.Tensor:
         """log softmax(transformed logits / temperature)[target] of each hidden state (M, H)
-        and its target (M,), in float32: (M,)."""
-        out = torch.empty(targets.shape[0], dtype=torch.float32, device=hidden.device)
-        for start in range(0, targets.shape[0], TOKEN_TILE):
+        and its target (M,), in float32: (M,), on the hidden states' device (the head may sit
+        on another, placed by --device-map)."""
+        device = self.weight.device
+        hidden, at = hidden.to(device), targets.to(device)
+        out = torch.empty(at.shape[0], dtype=torch.float32, device=device)
+        for start in range(0, at.shape[0], TOKEN_TILE):
             rows = slice(start, start + TOKEN_TILE)
-            out[rows] = self._tile_logprobs(hidden[rows], targets[rows], temperature)
-        return out
+            out[rows] = self._tile_logprobs(hidden[rows], at[rows], temperature)
+        return out.to(targets.device)
 
     def _tile_logprobs(
         self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
     ) -> torch.Tensor:
-        picked = (hidden * self.weight[targets]).sum(-1, dtype=torch.float32)
+        # each target's logit as the head's matmul gives it: accumulated in float32, rounded
+        # once to the model's dtype (so it never exceeds the log-sum-exp of the same logits)
+        picked = (hidden.float() * self.weight[targets].float()).sum(-1)
         if self.bias is not None:
             picked = picked + self.bias[targets].float()
+        picked = picked.to(hidden.dtype).float()
         lse = torch.full_like(picked, -torch.inf)
         for start in range(0, self.weight.shape[0], VOCAB_TILE):
             rows = slice(start, start + VOCAB_TILE)

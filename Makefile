@@ -148,6 +148,7 @@ bench: $(STAMP)
 	$(PY) bench/early_answer.py --write
 	$(PY) bench/prior.py --write
 	$(PY) bench/token_information.py --write
+	$(PY) bench/logit_head.py --write
 	$(PY) bench/negatives.py
 	$(PY) bench/scaling.py
 	$(PY) bench/callback.py

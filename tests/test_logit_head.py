@@ -13,6 +13,7 @@ from collapsecheck.engines.backends import logit_head
 from collapsecheck.engines.backends.base import ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.settings import LoadSettings
+from tests.conftest import ROOT
 
 PER_TOKEN = 1e-5
 
@@ -158,3 +159,21 @@ def test_in_bfloat16_the_tiles_agree_with_the_full_logits_within_its_rounding(fa
     assert (tiled <= 1e-6).all(), name
     # a logit rounded to bfloat16 (8 bits of mantissa) moves by up to 2^-8 of its size
     assert np.abs(tiled - full).max() < 0.05, (name, np.abs(tiled - full).max())
+
+
+@pytest.mark.parametrize("scorer", ["cached", "naive"])
+def test_a_vision_language_policy_says_which_path_its_scorer_takes(scorer):
+    from collapsecheck.engines.backends.hf_vlm import VisionLanguageBackend
+    from collapsecheck.inputs.checkpoint import require_checkpoint
+
+    checkpoint = require_checkpoint(ROOT / "tests" / "fixtures" / "qwen2-vl-tiny")
+    backend = VisionLanguageBackend.from_checkpoint(
+        checkpoint, LoadSettings(device="cpu"), scorer=scorer
+    )
+    said = backend.describe()["logits"]
+    if scorer == "cached":  # its stems run through the tiled head (tests/test_vision.py: exact)
+        assert said.startswith("tiled LM head")
+    else:
+        assert said == (
+            "full logits (the naive scorer's one pass per request, images and all, reads them)"
+        )

@@ -229,7 +229,10 @@ class TransformersScoring:
         """How log-probabilities are read, for the report's settings (`logits`)."""
         if self.head is not None:
             return self.head.describe()
-        return f"{FULL_LOGITS} (model type {self.model.config.model_type}: its head is not known)"
+        return f"{FULL_LOGITS} ({self.why_full_logits()})"
+
+    def why_full_logits(self) -> str:
+        return f"model type {self.model.config.model_type}: its head is not known"
 
     def position_offset(self, context: Sequence[int]) -> int:
         """What a continuation's positions add beyond the context's length (0 for text; a

@@ -172,6 +172,11 @@ class VisionLanguageBackend(TransformersBackend):
     def describe(self) -> dict[str, str]:
         return {**super().describe(), "image_processor": type(self.vision.processor).__name__}
 
+    def why_full_logits(self) -> str:
+        if self.scorer == "naive":
+            return "the naive scorer's one pass per request, images and all, reads them"
+        return super().why_full_logits()
+
     def _model_inputs(self, ids: Sequence[int]) -> dict[str, Any]:
         """The sequence as input embeddings with each image's features in its slot's
         tokens (a sampled token that happens to be the image token stays text), and its 3D

@@ -161,19 +161,27 @@ def test_in_bfloat16_the_tiles_agree_with_the_full_logits_within_its_rounding(fa
     assert np.abs(tiled - full).max() < 0.05, (name, np.abs(tiled - full).max())
 
 
-@pytest.mark.parametrize("scorer", ["cached", "naive"])
-def test_a_vision_language_policy_says_which_path_its_scorer_takes(scorer):
-    from collapsecheck.engines.backends.hf_vlm import VisionLanguageBackend
+@pytest.mark.parametrize("fixture", ["qwen2-vl-tiny", "qwen3-vl-tiny"])
+def test_a_vision_language_policys_tiles_equal_its_full_logits(fixture):
+    """Both vision scorers through the tiled head, each per-token value against the same
+    scorer reading the model's full logits (Qwen3-VL: its deepstack features too), images in
+    the contexts, branches after the stems, at temperature 0.7."""
+    from collapsecheck.engines.backends.registry import load_backend
     from collapsecheck.inputs.checkpoint import require_checkpoint
+    from collapsecheck.inputs.prompts import load_prompts, render_prompts
+    from collapsecheck.settings import PromptSettings
+    from tests.test_vision import PROMPTS, requests_for
 
-    checkpoint = require_checkpoint(ROOT / "tests" / "fixtures" / "qwen2-vl-tiny")
-    backend = VisionLanguageBackend.from_checkpoint(
-        checkpoint, LoadSettings(device="cpu"), scorer=scorer
-    )
-    said = backend.describe()["logits"]
-    if scorer == "cached":  # its stems run through the tiled head (tests/test_vision.py: exact)
-        assert said.startswith("tiled LM head")
-    else:
-        assert said == (
-            "full logits (the naive scorer's one pass per request, images and all, reads them)"
-        )
+    checkpoint = require_checkpoint(ROOT / "tests" / "fixtures" / fixture, None)
+    backend = load_backend(checkpoint, LoadSettings(device="cpu", dtype="float32"))
+    prompts = load_prompts(PROMPTS, num_prompts=3)
+    rendered = render_prompts(prompts, backend.tokenizer, PromptSettings(), backend.vision)
+    requests = requests_for(rendered, len(backend.tokenizer))
+    assert backend.describe()["logits"].startswith("tiled LM head")
+    for scorer in ("cached", "naive"):
+        backend.scorer = scorer
+        tiled = backend.loglikelihood_per_token(requests, no_progress, 0.7).values
+        head, backend.head = backend.head, None
+        full = backend.loglikelihood_per_token(requests, no_progress, 0.7).values
+        backend.head = head
+        assert np.abs(tiled - full).max() < PER_TOKEN, (fixture, scorer)

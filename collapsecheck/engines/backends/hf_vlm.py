@@ -154,8 +154,6 @@ class VisionLanguageBackend(TransformersBackend):
 
     def __init__(self, model: Any, tokenizer: Any, vision: Vision, **kwargs: Any) -> None:
         super().__init__(model, tokenizer, **kwargs)
-        if self.scorer == "naive":  # its one pass per request, images and all, reads the logits
-            self.head = None
         self.vision = vision
         self._offsets: dict[tuple[int, ...], int] = {}  # per context: its rope delta
         self.max_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
@@ -171,11 +169,6 @@ class VisionLanguageBackend(TransformersBackend):
 
     def describe(self) -> dict[str, str]:
         return {**super().describe(), "image_processor": type(self.vision.processor).__name__}
-
-    def why_full_logits(self) -> str:
-        if self.scorer == "naive":
-            return "the naive scorer's one pass per request, images and all, reads them"
-        return super().why_full_logits()
 
     def _model_inputs(self, ids: Sequence[int]) -> dict[str, Any]:
         """The sequence as input embeddings with each image's features in its slot's
@@ -215,6 +208,13 @@ class VisionLanguageBackend(TransformersBackend):
             logits=self.model.lm_head(hidden), **{OUTPUT_CACHE: returned_cache(out)}
         )
 
+    def _hidden_states(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The decoder's last hidden states on prepared embeddings (`_forward` less the LM
+        head), deepstack features going to the language model as there."""
+        if DEEPSTACK in inputs:
+            return self.model.model.language_model(**inputs).last_hidden_state
+        return self._hidden(**inputs)
+
     def _prefill(self, context: Sequence[int]) -> tuple[Any, torch.Tensor]:
         inputs = self._model_inputs(context)
         self._offsets[tuple(context)] = inputs.pop("delta")
@@ -240,10 +240,15 @@ class VisionLanguageBackend(TransformersBackend):
             row = request.context + request.continuation
             inputs = self._model_inputs(row)
             inputs.pop("delta")
-            logits = self._forward(inputs).logits[0, :-1]
             targets = torch.tensor(row[1:], device=self.device).clamp(min=0)
-            logprobs = token_logprobs(logits[None], targets[None], temperature)
             start = len(request.context) + request.scored_from - 1
+            if self.head is None:
+                logits = self._forward(inputs).logits[0, :-1]
+                logprobs = token_logprobs(logits[None], targets[None], temperature)
+            else:  # the head on the scored positions only
+                hidden = self._hidden_states(inputs)[0, start:-1]
+                logprobs = torch.zeros((1, len(row) - 1), device=self.device)
+                logprobs[0, start:] = self.head.logprobs(hidden, targets[start:], temperature)
             total = np.array([float(logprobs[0, start:].double().sum())])
             out.put([index], total, logprobs, [(0, start, len(row) - 1)])
             progress(1)

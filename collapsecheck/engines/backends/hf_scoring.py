@@ -399,7 +399,9 @@ class TransformersScoring:
         group.out.put(layout.requests, values.numpy(), logprobs, layout.spans)
         return len(layout.requests)
 
-    def _predicted(self, inputs: dict[str, Any], group: _StemGroup, layout: RowLayout) -> Any:
+    def _predicted(
+        self, inputs: dict[str, Any], group: _StemGroup, layout: RowLayout
+    ) -> torch.Tensor:
         """Each target's log-probability in the rows `inputs` run on the context's cache:
         through the tiled head where the model's is known, else from its full logits."""
         if self.head is None:

@@ -32,6 +32,7 @@ DUMP = "the scan's report.json"
 FLAG = "--temperature"
 UNSAID = "not said (1 assumed)"
 PASS_FLAG = "pass --temperature T if they were sampled at another"
+NOTHING_SAYS = "nothing says the temperature these rollouts were sampled at"
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def sampled_temperature(
         )
         return SampledTemperature(float(given), FLAG, True, (said,) if said else ())
     if found is not None:
-        return SampledTemperature(found.temperature, f"{found.where}", True)
+        return SampledTemperature(found.temperature, found.where, True)
     return SampledTemperature(1.0, UNSAID, False, (unsaid_warning(rollouts, saved, unsaid),))
 
 
@@ -104,7 +105,8 @@ def temperature_line(settings: dict[str, Any], warnings: list[str]) -> tuple[str
     (a `watch` says each once): a saved configuration read, or nothing said; else None."""
     source = settings.get("sampled_temperature_source")
     if source == UNSAID:
-        return source, next(w for w in warnings if "nothing says the temperature" in w)
+        said = next((w for w in warnings if NOTHING_SAYS in w), None)
+        return None if said is None else (source, said)
     if source in (None, ROWS, DUMP, FLAG):
         return None
     return source, read_from(settings["sampled_temperature"], source)
@@ -124,7 +126,7 @@ def named_by_file(rollouts: Path, parsed: ParsedRollouts | None) -> tuple[float 
 def unsaid_warning(rollouts: Path, saved: SavedConfig | None, unsaid: list[ConfigReading]) -> str:
     """The one line where nothing says the temperature: scored at 1, the trainer's default
     where it is known, the configurations found that do not say it, and --temperature."""
-    head = f"{rollouts}: nothing says the temperature these rollouts were sampled at"
+    head = f"{rollouts}: {NOTHING_SAYS}"
     if saved is None:
         return f"{head} (no temperature in their rows, no --temperature): scored at 1; {PASS_FLAG}"
     keys = kind_of(saved, rollouts)

@@ -115,9 +115,16 @@ def predicted_logprobs(
     at = predictor.clamp(min=0)
     lse = float32_logsumexp(logits, temperature)[rows, at]
     picked = tempered(logits[rows, at, targets], temperature) - lse
-    first_row = tempered(first_logits[0], temperature)
-    first = first_row[targets] - torch.logsumexp(first_row, dim=-1)
+    first = first_token_logprobs(first_logits, targets, temperature)
     return torch.where(predictor >= 0, picked, first)
+
+
+def first_token_logprobs(
+    first_logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """log p(targets) under the context's next-token logits (1, V), at `temperature`."""
+    first_row = tempered(first_logits[0], temperature)
+    return first_row[targets] - torch.logsumexp(first_row, dim=-1)
 
 
 def head_predicted_logprobs(
@@ -131,8 +138,7 @@ def head_predicted_logprobs(
     states = hidden[rows[predicted], predictor[predicted]]
     picked = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
     picked[predicted] = head.logprobs(states, targets[predicted], temperature)
-    first_row = tempered(first_logits[0], temperature)
-    first = first_row[targets] - torch.logsumexp(first_row, dim=-1)
+    first = first_token_logprobs(first_logits, targets, temperature)
     return torch.where(predicted, picked, first)
 
 
@@ -325,8 +331,7 @@ class TransformersScoring:
                 logprobs = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
             else:  # the head on the scored positions only
                 hidden = self._hidden(**inputs)[:, :-1]
-                logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
-                logprobs[mask] = self.head.logprobs(hidden[mask], ids[:, 1:][mask], temperature)
+                logprobs = self.head.masked_logprobs(hidden, ids[:, 1:], mask, temperature)
             spans = [(b, s, e) for b, (s, e) in enumerate(zip(starts, ends, strict=True))]
             out.put(batch, masked_sums(logprobs, mask), logprobs, spans)
             return len(batch)

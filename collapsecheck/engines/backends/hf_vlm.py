@@ -246,9 +246,9 @@ class VisionLanguageBackend(TransformersBackend):
                 logits = self._forward(inputs).logits[0, :-1]
                 logprobs = token_logprobs(logits[None], targets[None], temperature)
             else:  # the head on the scored positions only
-                hidden = self._hidden_states(inputs)[0, start:-1]
-                logprobs = torch.zeros((1, len(row) - 1), device=self.device)
-                logprobs[0, start:] = self.head.logprobs(hidden, targets[start:], temperature)
+                hidden = self._hidden_states(inputs)[:, :-1]
+                scored = torch.arange(len(row) - 1, device=self.device)[None] >= start
+                logprobs = self.head.masked_logprobs(hidden, targets[None], scored, temperature)
             total = np.array([float(logprobs[0, start:].double().sum())])
             out.put([index], total, logprobs, [(0, start, len(row) - 1)])
             progress(1)

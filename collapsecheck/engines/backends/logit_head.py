@@ -85,6 +85,16 @@ class LogitHead:
             out[rows] = self._tile_logprobs(hidden[rows], at[rows], temperature)
         return out.to(targets.device)
 
+    def masked_logprobs(
+        self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:  # fmt: skip
+        """`logprobs` of the positions `mask` marks in rows of hidden states (B, T, H) and their
+        targets (B, T); 0 elsewhere: (B, T) float32."""
+        out = torch.zeros(mask.shape, dtype=torch.float32, device=targets.device)
+        out[mask] = self.logprobs(hidden[mask], targets[mask], temperature)
+        return out
+
     def _tile_logprobs(
         self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
     ) -> torch.Tensor:

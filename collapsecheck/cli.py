@@ -36,6 +36,7 @@ from collapsecheck.config import GateSettings
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.settings import (
     AnalysisSettings,
+    EnvSettings,
     LoadSettings,
     OutputSettings,
     PromptSettings,
@@ -90,6 +91,7 @@ PANELS = {
     GateSettings: "Gate",
     OutputSettings: "Outputs",
     WatchSettings: "Following the run",
+    EnvSettings: "Agents across turns",
 }
 
 
@@ -592,6 +594,7 @@ def scan(
     load: LoadSettings,
     gate_settings: GateSettings,
     outputs: OutputSettings,
+    env_settings: EnvSettings,
     prompts: ScanPrompts = None,
     rescan: Rescan = False,
     train_log: TrainLog = None,
@@ -619,7 +622,7 @@ def scan(
             checkpoint, Settings(load, sampling, rendering, scoring, analysis, rewards), outputs,
             verdict_thresholds(gate), prompts, rollouts, sample, baseline,
             False if no_train_log else (train_log or True), parse_train_keys(train_key or []),
-            shard, ray, dry_run, rescan,
+            shard, ray, dry_run, rescan, env_settings,
         )  # fmt: skip
         with progress_bars(stderr) as progress:
             outcome = carry_out(request, say, progress)

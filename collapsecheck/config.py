@@ -22,6 +22,7 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.measures.early_answer import POST_HOC
+from collapsecheck.measures.episodes import LOOPING, STALLING
 from collapsecheck.measures.flow import ACTION_COLLAPSE, DECORATIVE, MIXED, FlowThresholds
 from collapsecheck.measures.verdict import COLLAPSES, REGIMES, Thresholds
 from collapsecheck.settings import GROUPS, setting
@@ -35,7 +36,7 @@ SCAN_KEYS = tuple(
     f.name for group in GROUPS.values() for f in fields(group) if f.metadata["in_config"]
 )
 KNOWN_KEYS = {*THRESHOLD_KEYS, *FLOW_THRESHOLD_KEYS, *SCAN_KEYS, "fail_on", "max_drop", "min"}
-FAIL_REGIMES = (*REGIMES, DECORATIVE, ACTION_COLLAPSE, MIXED, POST_HOC)
+FAIL_REGIMES = (*REGIMES, DECORATIVE, ACTION_COLLAPSE, MIXED, POST_HOC, LOOPING, STALLING)
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,14 @@ class GateSettings:
     )
     early_post_hoc: float | None = setting(
         None, "Post hoc at or above this early_answer_without_reasoning (default 0.8).",
+        numbers=False,
+    )  # fmt: skip
+    looping_line: float | None = setting(
+        None, "Episodes loop at or above this revisit_rate lower bound (default 0.2).",
+        numbers=False,
+    )  # fmt: skip
+    stalling_line: float | None = setting(
+        None, "Episodes stall at or above this stall_rate lower bound (default 0.3).",
         numbers=False,
     )  # fmt: skip
     config: Path | None = setting(

@@ -63,6 +63,11 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 SAMPLE_BATCH_CAP = {"cpu": 128, "cuda": 512}
 
 
+# `keyed_unset=UNKEYED`: a field added after caches were written is left out of their keys
+# while it is unset, so every entry written before it stays valid
+UNKEYED = "<unkeyed>"
+
+
 def setting(
     default: Any, help: str, *, numbers: bool, samples: bool = False, flags: tuple[str, ...] = (),
     cli_type: Any = None, in_config: bool = False, commands: tuple[str, ...] | None = None,
@@ -341,6 +346,10 @@ class ScoringSettings:
         False, "Skip where the input shows (each reasoning token's share of the information).",
         numbers=True,
     )  # fmt: skip
+    state_regex: str | None = setting(
+        None, "Agents across turns: the state in each observation, the regex's first group "
+        "(default: the whole observation).", numbers=True, keyed_unset=UNKEYED,
+    )  # fmt: skip
     early_answer_fractions: tuple[float, ...] | str = setting(
         EARLY_FRACTIONS, "Fractions of the reasoning after which the action is forced, "
         f"comma-separated, 0 and 1 among them (default {EARLY_FRACTIONS}, or the config "
@@ -360,6 +369,11 @@ class ScoringSettings:
         object.__setattr__(
             self, "early_answer_fractions", parse_fractions(self.early_answer_fractions)
         )
+        if self.state_regex is not None:
+            try:
+                re.compile(self.state_regex)
+            except re.error as err:
+                raise CollapsecheckError(f"--state-regex: invalid regex ({err})") from None
 
     @property
     def early_fractions(self) -> tuple[float, ...]:
@@ -438,6 +452,51 @@ class WatchSettings:
             _at_least(getattr(self, name), 0, name)
         if self.until is not None:
             object.__setattr__(self, "until", Path(self.until))
+
+
+DEFAULT_STARTS = 16  # start states of `scan --env` where -n is not given
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """Agents across turns: the environment `scan --env` plays the checkpoint in (SPEC
+    "Agents across turns"). -n start states (seeds --env-seed .. --env-seed + N - 1), -k
+    episodes from each. Not part of `Settings`: a played scan's cache key adds them."""
+
+    env: str | None = setting(
+        None, "Play episodes in this environment: FILE.py:FACTORY, package.module:FACTORY or "
+        "frozenlake (-n start states, -k episodes from each).", numbers=True, commands=(SCAN,),
+    )  # fmt: skip
+    env_arg: tuple[str, ...] = setting(
+        (), "KEY=VALUE passed to the environment's factory (repeatable).", numbers=True,
+        cli_type=list[str], commands=(SCAN,),
+    )  # fmt: skip
+    env_seed: int = setting(0, "The first start state's seed.", numbers=True, commands=(SCAN,))
+    max_turns: int = setting(
+        5, "Turns per episode at most (RAGEN's max_turn).", numbers=True, commands=(SCAN,)
+    )
+    context_window: int = setting(
+        -1, "Observations each turn's context keeps, with their responses: -1 all, 1 only the "
+        "current one (RAGEN's max_context_window).", numbers=True, commands=(SCAN,),
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env_arg", tuple(self.env_arg or ()))
+        _at_least(self.max_turns, 1, "max_turns")
+        window = self.context_window
+        _require(
+            window == -1 or window >= 1, f"--context-window must be -1 or at least 1, got {window}"
+        )
+        changed = [flag_name(f.name) for f in fields(self) if getattr(self, f.name) != f.default]
+        _require(
+            self.env is not None or not changed,
+            f"{', '.join(changed)} go{'es' if len(changed) == 1 else ''} with --env SPEC",
+        )
+
+    def numbers(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "env_arg": list(self.env_arg)
+        }
 
 
 @dataclass(frozen=True)
@@ -541,10 +600,14 @@ class Settings:
         for group in GROUPS:
             values = getattr(self, group)
             marked = {f.name: _keyed(getattr(values, f.name), f) for f in fields(values)
-                      if f.metadata[mark]}  # fmt: skip
+                      if f.metadata[mark] and not _unkeyed(getattr(values, f.name), f)}  # fmt: skip
             if marked:
                 key[group] = marked
         return key
+
+
+def _unkeyed(value: Any, field: dataclasses.Field) -> bool:
+    return value is None and field.metadata["keyed_unset"] == UNKEYED
 
 
 def _keyed(value: Any, field: dataclasses.Field) -> Any:

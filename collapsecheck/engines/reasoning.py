@@ -228,6 +228,18 @@ def action_spec(scoring: ScoringSettings) -> ActionSpec | None:
     return ActionSpec(AFTER) if scoring.action_after_reasoning else ActionSpec()
 
 
+def located_action(
+    text: str, spec: ReasoningSpec, action: ActionSpec, truncated: bool, prompt_text: str = ""
+) -> str:
+    """A response's action as text, located as the flow locates it (after the reasoning);
+    "" where the response has none (SPEC "Agents across turns")."""
+    chars = _character_span(text, spec, truncated, opens_reasoning(prompt_text, spec))
+    if chars is None:
+        return ""
+    found = action.characters(text, chars[2])
+    return text[found[0] : found[1]] if found else ""
+
+
 def locate_segments(
     ids: Sequence[int],
     decode: Decode,

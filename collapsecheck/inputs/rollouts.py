@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.episodes import Episode, from_trajectories
 from collapsecheck.inputs.images import hold_images
 from collapsecheck.inputs.prompts import (
     Prompt,
@@ -69,6 +70,7 @@ class RolloutOptions:
     pairs: int | None = None
     seed: int = 0
     reward_field: str | None = None
+    state_regex: str | None = None  # SPEC "Agents across turns": the state in an observation
 
     @classmethod
     def of(cls, settings: Settings) -> RolloutOptions:
@@ -77,6 +79,7 @@ class RolloutOptions:
             prompt_field=settings.prompts.prompt_field,
             seed=settings.analysis.seed,
             reward_field=settings.rewards.reward_field,
+            state_regex=settings.scoring.state_regex,
         )
 
     def __post_init__(self) -> None:
@@ -99,6 +102,7 @@ class _Turn:
     rendered: bool = False  # the prompt is the context as text, chat markers and all
     images: tuple[Any, ...] = ()  # a kept context's images (`inputs.images.PromptImage`)
     temperature: float | None = None  # the one it was sampled at, where the row names it
+    turn: int | None = None  # its number in its trajectory (multi-turn rows)
 
 
 def _reward(row: dict[str, Any], options: RolloutOptions, where: str) -> float | None:
@@ -212,7 +216,8 @@ def _sample_turns(
                 raise CollapsecheckError(f"{where} turn {number}: expected an object")
             trajectory_reward = _reward(row, options, where)
             where_turn = f"{where} turn {number}"
-            pairs.append(_turn(turn, options, where_turn, line, base, trajectory_reward))
+            read = _turn(turn, options, where_turn, line, base, trajectory_reward)
+            pairs.append(dataclasses.replace(read, turn=number))
             weights.append(1.0 / len(turns) if options.turn_sampling == "trajectory" else 1.0)
     count = min(options.pairs or len(pairs), len(pairs))
     rng = np.random.default_rng(options.seed)
@@ -229,6 +234,7 @@ class ParsedRollouts:
     groups: list[list[_Turn]]
     rewards: list[list[float]] | None
     settings: dict[str, Any]
+    episodes: list[Episode] | None = None  # a multi-turn file's trajectories
 
 
 def parse_rollouts(path: str | Path, options: RolloutOptions) -> ParsedRollouts | None:
@@ -265,16 +271,18 @@ def _parse_file(path: Path, options: RolloutOptions) -> ParsedRollouts:
         rows = numbered_rows(path)
     if not rows:
         raise CollapsecheckError(f"{path}: no rollouts found (the file is empty)")
+    episodes = None
     if TURNS_FIELD in rows[0][1]:
         groups, sampled = _sample_turns(rows, options, path.parent)
         settings["multi_turn"] = sampled
+        episodes = from_trajectories(rows, options.state_regex)
     else:
         groups = _group_single_turns(rows, options, path.parent)
     rewards, source = _rewards(groups, rows, options)
     if source is not None:
         settings["rewards"] = source
     settings.update(sampled_temperature(groups, path))
-    return ParsedRollouts(groups, rewards, settings)
+    return ParsedRollouts(groups, rewards, settings, episodes)
 
 
 def sampled_temperature(groups: list[list[_Turn]], path: Path) -> dict[str, Any]:
@@ -321,7 +329,7 @@ def match_decoded_inputs(
         **parsed.settings,
         "prompt_matching": matching_note(matched, ambiguous, len(groups), source),
     }
-    return ParsedRollouts(groups, parsed.rewards, settings)
+    return ParsedRollouts(groups, parsed.rewards, settings, parsed.episodes)
 
 
 def matching_note(matched: int, ambiguous: int, total: int, source: Path) -> str:
@@ -363,7 +371,12 @@ def read_rollouts(
         for group, r in zip(parsed.groups, rendered, strict=True)
     ]
     samples = [[_sample(turn, tokenizer, stop_ids) for turn in group] for group in parsed.groups]
-    return SampledPrompts(prompts, rendered, samples, parsed.settings, parsed.rewards)
+    turns = None
+    if parsed.episodes is not None:
+        turns = [[turn.turn for turn in group] for group in parsed.groups]
+    return SampledPrompts(
+        prompts, rendered, samples, parsed.settings, parsed.rewards, turns, parsed.episodes
+    )
 
 
 def _rendered(

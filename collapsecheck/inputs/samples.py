@@ -30,6 +30,10 @@ class SampledPrompts:
     samples: list[list[Sample]]
     settings: dict[str, Any]
     rewards: list[list[float]] | None = None  # one per sample, where the rollouts carry them
+    # SPEC "Agents across turns": per sample, the turn of its episode it answered (None:
+    # single-turn prompts), and the episodes behind them (played, or a multi-turn file's)
+    turns: list[list[int]] | None = None
+    episodes: list[Any] | None = None  # collapsecheck.inputs.episodes.Episode
 
 
 def decode_ids(tokenizer: Any, ids: Sequence[int]) -> str:

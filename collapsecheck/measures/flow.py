@@ -242,6 +242,10 @@ class FlowThresholds:
     flow_decorative_input: float = 0.5  # action_input_share at least this: decorative
     # SPEC "Early answering": post hoc at or above this early_answer_without_reasoning
     early_post_hoc: float = 0.8
+    # SPEC "Agents across turns": looping at or above this revisit_rate lower bound, stalling
+    # at or above this stall_rate lower bound
+    looping_line: float = 0.2
+    stalling_line: float = 0.3
 
 
 @dataclass(frozen=True)

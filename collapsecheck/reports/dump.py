@@ -20,6 +20,7 @@ from collapsecheck.engines.cross_scoring import (
 from collapsecheck.engines.reasoning import Trace
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_atomic, write_jsonl_atomic
+from collapsecheck.inputs.episodes import EPISODES_FILE, Episode
 from collapsecheck.inputs.prompts import RenderedPrompt
 from collapsecheck.inputs.scan_dump import IMAGES_DIR, PROMPTS_FILE, TRACES_FILE, read_jsonl
 from collapsecheck.measures.early_answer import EarlyLogProbs
@@ -290,3 +291,21 @@ def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
             f"{directory / TRACES_FILE}: not a complete collapsecheck dump ({err})"
         ) from None
     return matrix, counts
+
+
+def write_episodes(directory: Path, episodes: Sequence[Episode]) -> None:
+    """SPEC's episodes.jsonl: one line per episode (played, or a multi-turn file's), with
+    its start, seed, turns (state, response, action, reward, info), final state, done and
+    success."""
+    write_jsonl_atomic(directory / EPISODES_FILE, [episode.to_json() for episode in episodes])
+
+
+def read_dump_episodes(directory: str | Path) -> list[Episode] | None:
+    """A dump's episodes; None where it has none (single-turn prompts)."""
+    path = Path(directory) / EPISODES_FILE
+    if not path.is_file():
+        return None
+    try:
+        return [Episode.from_json(row) for row in read_jsonl(path)]
+    except (KeyError, TypeError, ValueError) as err:
+        raise CollapsecheckError(f"{path}: not an episodes file ({err})") from None

@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.measures.by_turn import TurnDependence
 from collapsecheck.measures.early_answer import EarlyAnswer
+from collapsecheck.measures.episodes import (
+    EPISODE_KEYS,
+    LOOPING,
+    NO_EPISODES,
+    STALLING,
+    EpisodeReading,
+)
 from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, FlowVerdict
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.prior import NO_PRIOR, PriorReading
@@ -99,6 +107,16 @@ def metric_from_json(raw: Any) -> MetricValue:
     return number(raw)
 
 
+def episodes_from_dict(data: dict[str, Any]) -> EpisodeReading:
+    """report.json's episodes section, its metrics from the report's metrics."""
+    section = data.get("episodes")
+    if not section:
+        return NO_EPISODES
+    metrics = {k: metric_from_json(data["metrics"][k]) for k in EPISODE_KEYS if k in data["metrics"]}
+    return EpisodeReading(section["regime"], section["reason"], int(section.get("episodes", 0)),
+                          int(section.get("starts", 0)), metrics)  # fmt: skip
+
+
 @dataclass
 class Report:
     """Everything a scan found: metrics with intervals, the verdict, and how it was run."""
@@ -116,6 +134,10 @@ class Report:
     prior: PriorReading = field(default_factory=lambda: PriorReading(**NO_PRIOR))
     # SPEC "Where the input shows": the reading and the profile (summaries in `metrics`)
     token_information: WhereInputShows = field(default_factory=lambda: WhereInputShows(**NO_WHERE))
+    # SPEC "Agents across turns": the episodes' reading (their numbers in `metrics` too) and
+    # input dependence by turn (multi-turn pairs; empty for single-turn prompts)
+    episodes: EpisodeReading = NO_EPISODES
+    by_turn: list[TurnDependence] = field(default_factory=list)
     examples: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, Any] = field(default_factory=dict)
     # what a reader of the numbers must know (sampling other than the policy's own, say)
@@ -161,6 +183,14 @@ class Report:
                 values[f"early_answer_agreement/{fraction:g}"] = agreement.value
         for position, information in enumerate(self.token_information.by_position):
             values[position_key(position)] = information.value
+        if self.episodes.regime != NOT_MEASURED:
+            values["episodes_looping"] = float(self.episodes.regime == LOOPING)
+            values["episodes_stalling"] = float(self.episodes.regime == STALLING)
+        for entry in self.by_turn:
+            values.update(
+                (f"by_turn/{entry.turn}/{key}", point_value(metric))
+                for key, metric in entry.metrics.items()
+            )
         return {f"{prefix}{k}": float(v) for k, v in values.items() if not math.isnan(v)}
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +201,8 @@ class Report:
             "early_answer": self.early_answer.to_dict(),
             "prior": self.prior.to_dict(),
             "token_information": self.token_information.to_dict(),
+            "episodes": self.episodes.to_dict(),
+            "by_turn": [entry.to_dict() for entry in self.by_turn],
             "metrics": {k: metric_to_json(v) for k, v in self.metrics.items()},
             "thresholds": {**vars(self.thresholds), **vars(self.flow_thresholds)},
             "counts": self.counts,
@@ -224,6 +256,8 @@ class Report:
             early_answer=EarlyAnswer.from_dict(data.get("early_answer") or NO_EARLY_ANSWER),
             prior=PriorReading.from_dict(data.get("prior") or NO_PRIOR),
             token_information=WhereInputShows.from_dict(data.get("token_information") or NO_WHERE),
+            episodes=episodes_from_dict(data),
+            by_turn=[TurnDependence.from_dict(entry) for entry in data.get("by_turn") or []],
             thresholds=Thresholds(**_fields_of(Thresholds, data.get("thresholds", {}))),
             flow_thresholds=FlowThresholds(
                 **_fields_of(FlowThresholds, data.get("thresholds", {}))

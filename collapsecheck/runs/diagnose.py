@@ -34,6 +34,8 @@ from collapsecheck.inputs.prompts import (
     file_sha256,
     render_prompts,
 )
+from collapsecheck.inputs.environments import EnvironmentSpec
+from collapsecheck.inputs.episodes import Episode
 from collapsecheck.inputs.rollouts import (
     ParsedRollouts,
     RolloutOptions,
@@ -43,6 +45,8 @@ from collapsecheck.inputs.rollouts import (
 )
 from collapsecheck.inputs.sampled_temperature import SampledTemperature, sampled_temperature
 from collapsecheck.inputs.samples import Sample, SampledPrompts
+from collapsecheck.measures.by_turn import TurnDependence
+from collapsecheck.measures.episodes import NO_EPISODES, EpisodeReading
 from collapsecheck.measures.flow import (
     FlowThresholds,
     decide_flow,
@@ -63,6 +67,7 @@ from collapsecheck.reports.dump import (
     write_per_prompt,
     write_prior,
     write_samples,
+    write_episodes,
     write_token_information,
 )
 from collapsecheck.reports.report import Report
@@ -78,11 +83,14 @@ from collapsecheck.runs.loading import (
 from collapsecheck.runs.measuring import (
     measure,
     measure_actions,
+    measure_by_turn,
+    measure_episodes,
     measure_prior,
     measure_where,
     prompt_counts,
     score_traces,
 )
+from collapsecheck.runs.episodes import play as play_episodes
 from collapsecheck.runs.preparation import (
     Prepared,
     prepare,
@@ -109,11 +117,12 @@ from collapsecheck.runs.sampling import (
 )
 from collapsecheck.setting_checks import checked
 from collapsecheck.settings import (
+    EnvSettings,
     Settings,
     resolve_settings,
 )
 
-__all__ = ["scan", "score"]
+__all__ = ["play", "scan", "score"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,10 @@ class Diagnosis:
     temperature: float | None = 1.0
     # the baseline the reasoning is also scored under (SPEC "Scored under the start")
     prior: PriorBaseline | None = None
+    # SPEC "Agents across turns": per merged prompt and sample, the turn it answered (None:
+    # single-turn prompts), and the episodes behind them (played, or a multi-turn file's)
+    turns: list[list[int]] | None = None
+    episodes: list[Episode] | None = None
 
 
 def rollouts_for(
@@ -180,6 +193,7 @@ def diagnose(
     not_measured, early = measure_actions(
         scores, settings, diagnosis.flow_thresholds.early_post_hoc, metrics
     )
+    by_turn, episodes = measure_across_turns(backend, prepared, traces, diagnosis, metrics)
     where, tokens = measure_tokens(diagnosis, scores, traces, backend.decode, metrics)
     prior, prior_timing = measure_under_baseline(diagnosis, prepared, traces, scores, metrics)
     measured_flow = scores.flow.logprobs if scores.flow and not_measured is None else None
@@ -193,6 +207,8 @@ def diagnose(
         early_answer=early,
         prior=prior,
         token_information=where,
+        episodes=episodes,
+        by_turn=by_turn,
         thresholds=diagnosis.thresholds,
         flow_thresholds=diagnosis.flow_thresholds,
         settings={
@@ -215,6 +231,27 @@ def diagnose(
     else:
         report.evidence = evidence(scores, traces, prepared, measured_flow, tokens, backend.decode)
     return report
+
+
+def measure_across_turns(
+    backend: Backend, prepared: Prepared, traces: Sequence[Trace], diagnosis: Diagnosis,
+    metrics: dict[str, Any],
+) -> tuple[list[TurnDependence], EpisodeReading]:  # fmt: skip
+    """SPEC "Agents across turns": input dependence by turn (multi-turn pairs), and the
+    episodes' metrics (added to `metrics`) with their reading, written to the dump."""
+    by_turn = []
+    if diagnosis.turns is not None:
+        by_turn = measure_by_turn(
+            backend, prepared, traces, diagnosis.turns, diagnosis.settings, diagnosis.progress,
+            diagnosis.temperature or 1.0,
+        )  # fmt: skip
+    if not diagnosis.episodes:
+        return by_turn, NO_EPISODES
+    reading = measure_episodes(diagnosis.episodes, diagnosis.settings, diagnosis.flow_thresholds)
+    metrics.update(reading.metrics)
+    if diagnosis.dump_dir is not None:
+        write_episodes(diagnosis.dump_dir, diagnosis.episodes)
+    return by_turn, reading
 
 
 def measure_tokens(
@@ -399,9 +436,70 @@ def score(
                 reward_source=(
                     f"rollouts, {data.settings['rewards']}" if data.rewards is not None else None
                 ),
+                turns=data.turns,
+                episodes=data.episodes,
                 **rollouts_temperature(sampled),
             )
             return diagnose(model, prepared, data.samples, diagnosis)
+
+
+def play(
+    checkpoint: str | Path | Checkpoint,
+    environment: EnvironmentSpec,
+    settings: Settings | None = None,
+    *,
+    env: EnvSettings | None = None,
+    thresholds: Thresholds | None = None,
+    flow_thresholds: FlowThresholds | None = None,
+    dump: str | Path | None = None,
+    progress: ProgressHook = silent,
+    loaded: Backend | None = None,
+    **flags: Any,
+) -> Report:
+    """Play the checkpoint in `environment` (`inputs.environments.load_environment`), -n
+    start states and -k episodes from each (`env`: seeds, turns, context window), then
+    diagnose every turn's response as a multi-turn rollout (SPEC "Agents across turns"):
+    pooled as `score` reads a multi-turn file, by turn, and the episodes' own metrics."""
+    settings = checked(resolve_settings(settings, flags))
+    env = env or EnvSettings(env=environment.spec)
+    started, started_at = time.perf_counter(), utc_now()
+    name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
+    params = SamplingParams.of(settings.sampling, settings.analysis.seed)
+    require_tempered_scorer(settings, scoring_temperature(params.temperature))
+    source = f"--env {environment.spec}"
+    with open_backend(checkpoint, loaded, settings) as model:
+        loaded_at = time.perf_counter()
+        played = play_episodes(model, environment, env, params, settings, progress)
+        data = played.sampled({"env": {**env.numbers(), "env_sha256": environment.code_sha256}})
+        prepared, data = prepare_sampled(data, model, settings, source)
+        with holding(dump) as dump_dir:
+            recorded = {
+                "checkpoint": name,
+                **checkpoint_notes(checkpoint),
+                "prompts": source,
+                "prompts_sha256": environment.code_sha256,
+                "samples_per_prompt": max(len(s) for s in data.samples),
+                "sampling": params.to_dict(),
+                "sampled_temperature": params.temperature,
+                **data.settings,
+            }
+            timing = {
+                "started_at": started_at,
+                "load_s": round(loaded_at - started, 3),
+                "sampling_s": elapsed(loaded_at),
+                "sampled_tokens": sum(len(s.ids) for s in played.samples),
+            }
+            diagnosis = Diagnosis(
+                settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
+                recorded, timing, dump_dir, progress, sampling_warnings(params),
+                lambda prompts, traces: data.rewards, ENVIRONMENT_REWARDS,
+                scoring_temperature(params.temperature), turns=data.turns,
+                episodes=data.episodes,
+            )  # fmt: skip
+            return diagnose(model, prepared, data.samples, diagnosis)
+
+
+ENVIRONMENT_REWARDS = "the environment, each turn the total of its episode"
 
 
 def rollouts_record(

@@ -3,6 +3,7 @@ intervals (SPEC "Metrics") and the information flow (SPEC "Information flow").""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -12,16 +13,26 @@ import numpy as np
 from collapsecheck.engines.backends.base import Backend
 from collapsecheck.engines.cross_scoring import CrossScores, cross_score
 from collapsecheck.engines.reasoning import (
+    ActionSpec,
     Trace,
     action_spec,
+    located_action,
     reasoning_spec,
 )
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.episodes import Episode, EpisodeTurn, as_ids
 from collapsecheck.inputs.images import swap_reason
+from collapsecheck.measures.by_turn import TurnDependence, turn_entry
 from collapsecheck.measures.early_answer import EarlyAnswer, compute_early_answer
 from collapsecheck.measures.early_answer import not_measured as early_not_measured
+from collapsecheck.measures.episodes import (
+    EpisodeReading,
+    compute_episode_metrics,
+    read_episodes,
+)
 from collapsecheck.measures.flow import (
     FLOW_KEYS,
+    FlowThresholds,
     compute_flow_metrics,
     not_measured_reason,
 )
@@ -183,3 +194,60 @@ def measure_where(
     rows = row_summaries(tokens, matrix.row_prompt, matrix.num_prompts)
     section, metrics = compute_where(rows, resamples=analysis.bootstrap, seed=analysis.seed)
     return section, metrics, tokens
+
+
+def measure_by_turn(
+    backend: Backend, prepared: Prepared, traces: Sequence[Trace], turns: Sequence[Sequence[int]],
+    settings: Settings, progress: ProgressHook, temperature: float,
+) -> list[TurnDependence]:  # fmt: skip
+    """SPEC "Agents across turns", input dependence by turn: for each turn index, the pairs
+    the scan scored at that turn cross-scored among the distinct contexts they came from
+    (negatives as the pooled matrix draws them), read with the metrics of SPEC "Metrics"."""
+    turn_of = [turns[t.prompt_index][t.sample_index] for t in traces]
+    entries = []
+    for number in sorted(set(turn_of)):
+        chosen = [t for t, n in zip(traces, turn_of, strict=True) if n == number]
+        contexts = sorted({t.prompt_index for t in chosen})
+        scored = sorted({t.prompt_index for t in chosen if t.valid})
+        if len(scored) < 2:
+            entries.append(turn_entry(number, len(contexts), len(chosen), None))
+            continue
+        column = {p: i for i, p in enumerate(scored)}
+        kept = [dataclasses.replace(t, prompt_index=column[t.prompt_index])
+                for t in chosen if t.prompt_index in column]  # fmt: skip
+        scores = cross_score(
+            backend, kept, [prepared.ids[p] for p in scored], for_turn(progress, number),
+            negatives=settings.scoring.negatives_bound, seed=settings.analysis.seed,
+            temperature=temperature,
+        )  # fmt: skip
+        analysis = settings.analysis
+        metrics = compute_metrics(
+            scores.matrix, prompt_counts(kept, len(scored)), resamples=analysis.bootstrap,
+            seed=analysis.seed,
+        )  # fmt: skip
+        entries.append(turn_entry(number, len(contexts), len(chosen), metrics))
+    return entries
+
+
+def for_turn(progress: ProgressHook, number: int) -> ProgressHook:
+    return lambda stage, total: progress(f"{stage}, turn {number}", total)
+
+
+def measure_episodes(
+    episodes: Sequence[Episode], settings: Settings, lines: FlowThresholds
+) -> EpisodeReading:
+    """SPEC "Agents across turns": the episodes' metrics with their intervals over start
+    states, and their reading; a file's actions located in its responses as the flow
+    locates them."""
+    spec = reasoning_spec(settings.scoring)
+    acting = action_spec(settings.scoring) or ActionSpec()
+
+    def action_of(turn: EpisodeTurn) -> str:
+        if turn.action is not None:
+            return turn.action
+        return located_action(turn.response, spec, acting, False)
+
+    ids, starts = as_ids(episodes, action_of)
+    analysis = settings.analysis
+    metrics = compute_episode_metrics(ids, starts, resamples=analysis.bootstrap, seed=analysis.seed)
+    return read_episodes(metrics, lines.looping_line, lines.stalling_line, len(ids), starts)

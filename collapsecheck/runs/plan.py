@@ -34,12 +34,13 @@ from collapsecheck.runs.cost import Cost, count, unit_cost
 from collapsecheck.runs.diagnose import require_decoded_inputs
 from collapsecheck.runs.pairing import RunRollouts, pair_rollouts, skipped_note
 from collapsecheck.runs.units import (
+    PlayedTraces,
     RolloutTraces,
     SampledTraces,
     WorkUnit,
     cached_unit,
 )
-from collapsecheck.settings import Settings
+from collapsecheck.settings import DEFAULT_STARTS, Settings
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ class ScanPlan:
     def sampled(self) -> bool:
         return all(isinstance(u.traces, SampledTraces) for u in self.units)
 
+    @property
+    def played(self) -> PlayedTraces | None:
+        """How the units' episodes are played, where they are (`scan --env`)."""
+        traces = self.units[0].traces if self.units else None
+        return traces if isinstance(traces, PlayedTraces) else None
+
     def todo(self) -> list[WorkUnit]:
         """The units still to run: every one with --rescan, else those not in the cache."""
         return [u for u in self.units if self.rescan or not u.finished()]
@@ -89,6 +96,8 @@ class ScanPlan:
         and a bound on the tokens."""
         cached = len(self.units) - len(self.todo())
         checkpoints = len({u.row.name for u in self.units})
+        if self.played is not None:
+            return played_line(self.costs, checkpoints, cached, self.played, self.settings)
         if self.sampled:
             return sampled_line(self.costs, checkpoints, cached)
         return rollouts_line(self.costs, checkpoints, cached, self.skipped)
@@ -113,6 +122,26 @@ def sampled_line(costs: Sequence[Cost | None], checkpoints: int, cached: int) ->
         f"{count(cost.xz_pairs)} X->Z pairs "
         f"({negatives}){flow} per checkpoint{FLOW_IF if cost.flow_pairs else ''}; at most "
         f"{count(cost.max_tokens * (len(costs) - cached))} tokens to sample and score"
+    )
+
+
+def played_line(
+    costs: Sequence[Cost | None], checkpoints: int, cached: int, played: PlayedTraces,
+    settings: Settings,
+) -> str:  # fmt: skip
+    """Episodes end when they end: the turns are a bound."""
+    if not costs:
+        return "plan: no checkpoints in this share"
+    cost, env = costs[0], played.env
+    assert cost is not None  # a played unit's bound is known from its settings
+    starts = settings.sampling.num_prompts or DEFAULT_STARTS
+    return (
+        f"plan: {plural(checkpoints, 'checkpoint')}{f' ({cached} cached)' if cached else ''} "
+        f"played in --env {played.environment.spec}: {plural(starts, 'start state')} x "
+        f"{settings.sampling.k} episodes, up to {plural(env.max_turns, 'turn')} each, at most "
+        f"{count(cost.responses)} responses and {count(cost.xz_pairs)} X->Z pairs pooled per "
+        f"checkpoint; at most {count(cost.max_tokens * (len(costs) - cached))} tokens to sample "
+        "and score"
     )
 
 
@@ -170,6 +199,27 @@ def plan_sampled(
             for row, row_prior in zip(rows, priors, strict=True)
         ]  # fmt: skip
     return ScanPlan(tuple(units), (cost,) * len(units), settings, rescan)
+
+
+def plan_played(
+    rows: Sequence[RunCheckpoint], played: PlayedTraces, settings: Settings, *,
+    cache: Path | None = None, cached: bool = True, dump: Path | None = None,
+    rescan: bool = False,
+) -> ScanPlan:  # fmt: skip
+    """Checkpoints played in an environment (SPEC "Agents across turns"), through the results
+    cache when `cached`, else one checkpoint writing its dump to `dump`. Its cost is a bound:
+    every episode to --max-turns, every context distinct."""
+    starts = settings.sampling.num_prompts or DEFAULT_STARTS
+    k, turns = settings.sampling.k, played.env.max_turns
+    cost = unit_cost(
+        starts * k * turns, 1, settings.sampling.max_new_tokens,
+        settings.scoring.negatives_bound, has_flow(settings),
+    )  # fmt: skip
+    if cached:
+        units = [cached_unit(row, played, settings, cache_root(cache), rescan) for row in rows]
+    else:
+        units = [WorkUnit(row, played, dump) for row in rows]
+    return ScanPlan(tuple(units), (cost,) * len(units), settings, rescan, "played episodes")
 
 
 def kept_samples(

@@ -151,18 +151,20 @@ def prepare(
 def prepare_sampled(
     data: SampledPrompts, backend: Backend, settings: Settings, source: str
 ) -> tuple[Prepared, SampledPrompts]:
-    """Prompts that were already sampled (rollouts, a dump, a trainer's batch) prepared, each
-    leaving room for its longest response, and their samples and rewards merged as their
-    prompts are: one list per distinct context."""
+    """Prompts that were already sampled (rollouts, a dump, a trainer's batch, played turns)
+    prepared, each leaving room for its longest response, and their samples, rewards and turn
+    numbers merged as their prompts are: one list per distinct context."""
     reserve = [max((len(s.ids) for s in group), default=0) for group in data.samples]
     prepared = prepare(data.prompts, data.rendered, reserve, backend, settings, source)
     rewards = prepared.merged(data.rewards) if data.rewards is not None else None
+    turns = prepared.merged(data.turns) if data.turns is not None else None
     merged = dataclasses.replace(
         data,
         prompts=prepared.prompts,
         rendered=prepared.rendered,
         samples=prepared.merged(data.samples),
         rewards=rewards,
+        turns=turns,
     )
     return prepared, merged
 

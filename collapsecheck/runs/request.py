@@ -14,6 +14,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.baseline import require_baseline
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint, find_checkpoints
+from collapsecheck.inputs.environments import load_environment, parse_env_args
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.outputs import check_keep_rollout_prompts, check_outputs, option_name
 from collapsecheck.reports.report import Report
@@ -28,10 +29,10 @@ from collapsecheck.runs.executors import (
 )
 from collapsecheck.runs.join import RunContext, join, read_against_start
 from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
-from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
+from collapsecheck.runs.plan import ScanPlan, plan_played, plan_run_rollouts, plan_sampled
 from collapsecheck.runs.run import run_context, single_row, start_of
-from collapsecheck.runs.units import VerdictThresholds
-from collapsecheck.settings import OutputSettings, Settings
+from collapsecheck.runs.units import PlayedTraces, VerdictThresholds
+from collapsecheck.settings import EnvSettings, OutputSettings, Settings
 
 Say = Callable[[str], None]  # a line for the user (stderr), never part of the results
 
@@ -58,6 +59,7 @@ class ScanRequest:
     ray: str | None = None
     dry_run: bool = False
     rescan: bool = False
+    env: EnvSettings = field(default_factory=EnvSettings)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
             say(f"note: {note}")
     check_combinations(request, bool(run))
     shard = requested_shard(request, bool(run))
+    if request.env.env is not None:
+        return replace(plan_env(request, single, run, notes), shard=shard)
     found = run_rollouts_of(request, bool(run))
     if found is not None:
         return replace(plan_from_rollouts(request, found, run, notes, say), shard=shard)
@@ -96,6 +100,37 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
         prior=start_of(rows, context),
     )  # fmt: skip
     return Planned(plan, context, request.prompts, shard)
+
+
+def plan_env(
+    request: ScanRequest, single: Checkpoint | None, run: list[RunCheckpoint], notes: list[str]
+) -> Planned:
+    """A checkpoint (or every one of a run) played in the environment `--env` names, loaded
+    and checked now (SPEC "Agents across turns")."""
+    given = [name for name, value in (("--prompts", request.prompts),
+                                      ("--rollouts", request.rollouts),
+                                      ("--baseline", request.baseline),
+                                      ("--reward-fn", request.settings.rewards.reward_fn),
+                                      ("--keep-prompts", request.outputs.keep_prompts))
+             if value is not None]  # fmt: skip
+    if given:
+        raise CollapsecheckError(
+            f"--env plays the checkpoint in its environment: {', '.join(given)} do not go with "
+            "it (the environment gives the states and the rewards)"
+        )
+    check_outputs(request.outputs)
+    env = request.env
+    played = PlayedTraces(load_environment(env.env, parse_env_args(env.env_arg)), env)
+    outputs, settings = request.outputs, request.settings
+    if not run:
+        plan = plan_played(
+            [single_row(single)], played, settings, cache=outputs.out,
+            cached=outputs.out is not None, dump=outputs.dump, rescan=request.rescan,
+        )  # fmt: skip
+        return Planned(plan, None, None)
+    rows, context = request_run(request, run, notes)
+    plan = plan_played(rows, played, settings, cache=outputs.out, rescan=request.rescan)
+    return Planned(plan, context, None)
 
 
 def plan_single(request: ScanRequest, checkpoint: Checkpoint) -> ScanPlan:

@@ -14,9 +14,12 @@ from typing import Any
 from collapsecheck.engines.backends.base import Backend
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint
+from collapsecheck.inputs.environments import EnvironmentSpec
 from collapsecheck.inputs.prompts import file_sha256
 from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions
 from collapsecheck.inputs.sampled_temperature import SampledTemperature
+from collapsecheck.measures.episodes import NOT_MEASURED as EPISODES_NOT_MEASURED
+from collapsecheck.measures.episodes import read_episodes
 from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, decide_flow
 from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
@@ -24,10 +27,10 @@ from collapsecheck.reports.dump import REPORT_FILE
 from collapsecheck.reports.report import Report
 from collapsecheck.reports.run_report import Pairing
 from collapsecheck.runs.cache import cache_entry, checkpoint_fingerprint, samples_entry
-from collapsecheck.runs.diagnose import scan, score
+from collapsecheck.runs.diagnose import play, scan, score
 from collapsecheck.runs.loading import PriorBaseline
 from collapsecheck.runs.sampling import SampleStore
-from collapsecheck.settings import Settings
+from collapsecheck.settings import EnvSettings, Settings
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,23 @@ class RolloutTraces:
         return self.path, key
 
 
-Traces = SampledTraces | RolloutTraces
+@dataclass(frozen=True)
+class PlayedTraces:
+    """Traces sampled by playing the checkpoint in an environment (SPEC "Agents across
+    turns"): the loaded SPEC and how it is played."""
+
+    environment: EnvironmentSpec
+    env: EnvSettings
+
+    def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
+        """The environment's code (as a prompt file is keyed), with every setting that
+        changes the numbers and how the episodes are played."""
+        key = settings.numbers()
+        key["env"] = {**self.env.numbers(), **self.environment.key()}
+        return self.environment.origin, key
+
+
+Traces = SampledTraces | RolloutTraces | PlayedTraces
 
 
 @dataclass(frozen=True)
@@ -170,6 +189,11 @@ def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds
     if report.flow.regime != NOT_MEASURED:
         report.flow = decide_flow(report.metrics, report.flow_thresholds)
     report.early_answer = report.early_answer.decided(report.metrics, verdicts.flow.early_post_hoc)
+    if report.episodes.regime != EPISODES_NOT_MEASURED:
+        report.episodes = read_episodes(
+            report.episodes.metrics, verdicts.flow.looping_line, verdicts.flow.stalling_line,
+            report.episodes.episodes, report.episodes.starts,
+        )  # fmt: skip
     report.settings["checkpoint"] = str(checkpoint.path)
     report.timing = {**report.timing, "cached": True}
     return report
@@ -198,6 +222,10 @@ def run_unit(
         "thresholds": verdicts.thresholds, "flow_thresholds": verdicts.flow, "dump": unit.dump,
         "progress": progress, "loaded": backend,
     }  # fmt: skip
+    if isinstance(unit.traces, PlayedTraces):
+        return play(
+            unit.checkpoint, unit.traces.environment, settings, env=unit.traces.env, **common
+        )
     if isinstance(unit.traces, SampledTraces):
         prior = PriorBaseline(unit.prior, baseline) if unit.prior is not None else None
         return scan(

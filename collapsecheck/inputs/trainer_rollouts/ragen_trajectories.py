@@ -19,6 +19,7 @@ The default `val_rollouts.pkl` is a pickled veRL DataProto: refused, naming the 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ VALIDATION = TemperatureKeys(
     0.5,
 )
 SAVED_CONFIG = SavedConfig(TRAINER, VALIDATION, VALIDATION, (HYDRA_CONFIG,), always)
+REWARD_SUFFIX = re.compile(r"\s*\(reward: [^()]*\)\s*$")
 ALL_ZERO = (
     "every trajectory's total_reward is 0, so none is read as a reward: RAGEN's writer "
     "(20daedc) sums the scores with np.sum on a torch tensor, which raises, and writes 0 "
@@ -95,6 +97,30 @@ def beside(run_dir: Path) -> None:
     return None
 
 
+def observation(message: dict[str, Any]) -> str | None:
+    """A state message's observation, less the " (reward: r)" RAGEN appends after the first
+    (SPEC "Agents across turns": the state of a turn)."""
+    content = message.get("content")
+    return REWARD_SUFFIX.sub("", content) if isinstance(content, str) else None
+
+
+def with_states(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each turn with its state: its context's last user message, less the reward."""
+    for turn in turns:
+        users = [m for m in turn["messages"] if m.get("role") == "user"]
+        state = observation(users[-1]) if users else None
+        if state is not None:
+            turn["state"] = state
+    return turns
+
+
+def final_state(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """The observation after the last turn: RAGEN's export ends with it (a user message)."""
+    last = messages[-1] if messages else {}
+    state = observation(last) if last.get("role") == "user" else None
+    return {"final_state": state} if state is not None else {}
+
+
 def read(path: Path) -> TrainerRollouts:
     if is_pickled_dataproto(path):
         raise CollapsecheckError(
@@ -108,9 +134,12 @@ def read(path: Path) -> TrainerRollouts:
         metadata = row["metadata"]
         require(metadata, ("total_reward",), f"{where} (metadata)")
         rows.append((where, {
-            "turns": assistant_turns(row["messages"], where),
+            "turns": with_states(assistant_turns(row["messages"], where)),
             "reward": number(metadata["total_reward"], where, "metadata.total_reward"),
             "group": metadata.get("group_id"),
+            **final_state(row["messages"]),
+            **({"success": metadata["success"]} if isinstance(metadata.get("success"), bool)
+               else {}),
         }, line))  # fmt: skip
     if not rows:
         raise CollapsecheckError(f"{path}: no trajectories (the file is empty)")

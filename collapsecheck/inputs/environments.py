@@ -1,0 +1,222 @@
+"""Environments an agent is played in (`scan --env SPEC`, SPEC "Agents across turns").
+
+SPEC is `path/to/file.py:factory`, `package.module:factory` or a built-in name
+(`frozenlake`). The factory, called with the `--env-arg KEY=VALUE` pairs as keyword
+arguments, returns a fresh environment; one is made per episode. Two protocols are read:
+
+- RAGEN's `BaseEnv`: `reset(seed=s)` returns the observation text; `step(action_text)`
+  returns `(observation, reward, done, info)`;
+- gymnasium's: `reset(seed=s)` returns `(observation, info)`; `step(action_text)` returns
+  `(observation, reward, terminated, truncated, info)`.
+
+`info` may carry RAGEN's `success`, `action_is_valid` and `action_is_effective`; they are
+kept. An environment that fails or answers in another shape is one line naming it, the seed
+and the turn. The user's file is the only code run; nothing is imported before it is named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collapsecheck.errors import CollapsecheckError
+
+BUILT_IN = {"frozenlake": "collapsecheck.inputs.frozenlake:FrozenLake"}
+INFO_KEYS = ("success", "action_is_valid", "action_is_effective")
+
+
+def parse_env_args(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """--env-arg KEY=VALUE pairs as keyword arguments: a value that reads as JSON (4, 0.8,
+    true, "text") is that value, any other is the text as given."""
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not (sep and key.strip().isidentifier()):
+            raise CollapsecheckError(f"--env-arg expects KEY=VALUE, got {pair!r}")
+        try:
+            kwargs[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = value
+    return kwargs
+
+
+@dataclass(frozen=True, eq=False)
+class EnvironmentSpec:
+    """A loaded SPEC: its factory, the arguments it is called with, and the digest of the
+    code it came from (the user's file or module; the built-in's module), which keys the
+    results cache with the arguments."""
+
+    spec: str
+    factory: Callable[..., Any]
+    origin: Path
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def code_sha256(self) -> str:
+        return hashlib.sha256(self.origin.read_bytes()).hexdigest()
+
+    def make(self, seed: int) -> Any:
+        """A fresh environment (one per episode)."""
+        try:
+            return self.factory(**self.kwargs)
+        except Exception as err:  # the user's factory can fail in any way
+            raise CollapsecheckError(
+                f"--env {self.spec}: the factory failed for seed {seed} "
+                f"({type(err).__name__}: {err})"
+            ) from None
+
+    def key(self) -> dict[str, Any]:
+        """What keys the results cache of a played scan beside its settings (the code's file
+        is keyed as a prompt file is)."""
+        return {"env": self.spec, "env_args": dict(self.kwargs)}
+
+
+def load_environment(spec: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
+    """The SPEC's factory, loaded and checked, before any model loads; a fresh environment is
+    made once here, so a factory that fails says so now."""
+    target = BUILT_IN.get(spec, spec)
+    where, sep, name = target.rpartition(":")
+    if not (sep and where and name):
+        raise CollapsecheckError(
+            f"--env {spec}: expected FILE.py:FACTORY, package.module:FACTORY or one of "
+            f"{', '.join(BUILT_IN)}"
+        )
+    module, origin = _module(spec, where)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise CollapsecheckError(f"--env {spec}: {where} has no factory {name!r}")
+    loaded = EnvironmentSpec(spec, factory, origin, dict(kwargs))
+    loaded.make(seed=0)
+    return loaded
+
+
+def _module(spec: str, where: str) -> tuple[Any, Path]:
+    """The module a SPEC names, and its file."""
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise CollapsecheckError(f"--env {spec}: file not found: {path}")
+        module_spec = importlib.util.spec_from_file_location(f"collapsecheck_env_{path.stem}", path)
+        if module_spec is None or module_spec.loader is None:
+            raise CollapsecheckError(f"--env {spec}: {path} is not a Python file")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module  # dataclasses in the file look themselves up
+        _run(spec, lambda: module_spec.loader.exec_module(module))
+        return module, path
+    module = _run(spec, lambda: importlib.import_module(where))
+    origin = getattr(module, "__file__", None)
+    if not origin:
+        raise CollapsecheckError(f"--env {spec}: {where} has no file (a namespace package)")
+    return module, Path(origin)
+
+
+def _run(spec: str, load: Callable[[], Any]) -> Any:
+    try:
+        return load()
+    except ModuleNotFoundError as err:
+        extra = " (pip install 'collapsecheck[env]')" if err.name == "gymnasium" else ""
+        raise CollapsecheckError(f"--env {spec}: no module named {err.name!r}{extra}") from None
+    except Exception as err:  # the user's module can fail in any way
+        raise CollapsecheckError(
+            f"--env {spec}: failed to load ({type(err).__name__}: {err})"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one action did: the next observation, its reward, whether the episode ended,
+    and the info the environment gave (RAGEN's keys among it)."""
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any]
+
+
+class Environment:
+    """One episode's environment, read through either protocol; every answer checked, an
+    error naming the environment, the seed and the turn."""
+
+    def __init__(self, spec: EnvironmentSpec, seed: int) -> None:
+        self.spec, self.seed = spec, seed
+        self.env = spec.make(seed)
+
+    @property
+    def system_prompt(self) -> str | None:
+        prompt = getattr(self.env, "system_prompt", None)
+        prompt = prompt() if callable(prompt) else prompt
+        return prompt if isinstance(prompt, str) and prompt else None
+
+    def _where(self, turn: int | None) -> str:
+        at = "reset" if turn is None else f"turn {turn}"
+        return f"--env {self.spec.spec} (seed {self.seed}, {at})"
+
+    def reset(self) -> str:
+        answer = self._call(None, lambda: self.env.reset(seed=self.seed))
+        if isinstance(answer, tuple) and len(answer) == 2:  # gymnasium: (observation, info)
+            answer = answer[0]
+        return self._observation(answer, None)
+
+    def step(self, action: str, turn: int) -> Step:
+        answer = self._call(turn, lambda: self.env.step(action))
+        if not isinstance(answer, tuple) or len(answer) not in (4, 5):
+            raise CollapsecheckError(
+                f"{self._where(turn)}: step returned {_shape(answer)}; expected (observation, "
+                "reward, done, info) or (observation, reward, terminated, truncated, info)"
+            )
+        observation, reward, *ended, info = answer
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(
+            float(reward)
+        ):
+            raise CollapsecheckError(f"{self._where(turn)}: reward {reward!r} is not a number")
+        if info is None:
+            info = {}
+        if not isinstance(info, dict):
+            raise CollapsecheckError(f"{self._where(turn)}: info is {_shape(info)}, not a dict")
+        done = any(bool(x) for x in ended)
+        return Step(self._observation(observation, turn), float(reward), done, info)
+
+    def _call(self, turn: int | None, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as err:  # the environment can fail in any way
+            raise CollapsecheckError(
+                f"{self._where(turn)}: the environment raised {type(err).__name__}: {err}"
+            ) from None
+
+    def _observation(self, value: Any, turn: int | None) -> str:
+        if not isinstance(value, str):
+            raise CollapsecheckError(
+                f"{self._where(turn)}: the observation is {_shape(value)}, not text"
+            )
+        return value
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            self._call(None, close)
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def kept_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """The info an episode's dump keeps: the JSON-able entries (RAGEN's keys as booleans)."""
+    kept = {}
+    for key, value in info.items():
+        if key in INFO_KEYS:
+            kept[key] = bool(value)
+        elif isinstance(value, str | int | float | bool) or value is None:
+            kept[key] = value
+    return kept

@@ -1,0 +1,202 @@
+"""What episodes show across their turns (SPEC "Agents across turns"): the agent that stalls,
+revisits and undoes its own moves, how often it succeeds, and how varied its strategy is.
+Pure numpy: states and actions come in as integer ids (equal text, equal id), so the same
+functions read played episodes and every trainer's multi-turn file.
+
+Every rate is pooled over the steps of all episodes; its 95% interval resamples the start
+states with all their episodes (the prompts' resamples, as every metric: SPEC "95%
+intervals")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collapsecheck.measures.metrics import (
+    DEFAULT_RESAMPLES,
+    Estimate,
+    MetricValue,
+    bootstrap_prompt_weights,
+    finite_interval,
+)
+
+EPISODE_KEYS = (
+    "stall_rate",
+    "revisit_rate",
+    "undo_rate",
+    "success_rate",
+    "turns_per_episode",
+    "distinct_action_sequences",
+)
+LOOPING, STALLING, PROGRESSING, INCONCLUSIVE = "looping", "stalling", "progressing", "inconclusive"
+NOT_MEASURED = "not_measured"
+READINGS = (LOOPING, STALLING, PROGRESSING, INCONCLUSIVE)
+
+
+def state_text(text: str) -> str:
+    """A state as it is compared: whitespace runs collapsed to one space, ends stripped."""
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class EpisodeIds:
+    """One episode as ids: `states` s_1 .. s_T (the state at each turn), `final` s_{T+1}
+    where known (None: the file does not say it), `actions` one id per turn, `success`
+    1/0 (None: unknown)."""
+
+    start: int
+    states: tuple[int, ...]
+    actions: tuple[int, ...]
+    final: int | None = None
+    success: bool | None = None
+
+    @property
+    def turns(self) -> int:
+        return len(self.states)
+
+    def next_states(self) -> tuple[int, ...]:
+        """s_2 .. s_{T+1}: the state after each turn that has a known next state."""
+        return self.states[1:] + (() if self.final is None else (self.final,))
+
+
+def step_counts(episode: EpisodeIds) -> tuple[int, int, int, int]:
+    """(steps, stalls, revisits, undos) of one episode (SPEC "Agents across turns")."""
+    steps = stalls = revisits = undos = 0
+    states = episode.states
+    for t, after in enumerate(episode.next_states()):  # the step s_{t+1} -> after, 0-based t
+        now = states[t]
+        steps += 1
+        if after == now:
+            stalls += 1
+            continue
+        if after in states[:t]:
+            revisits += 1
+            undos += t >= 1 and after == states[t - 1]
+    return steps, stalls, revisits, undos
+
+
+@dataclass(frozen=True)
+class StartTotals:
+    """Per start state (one entry each): the sums the pooled rates are ratios of."""
+
+    steps: np.ndarray
+    stalls: np.ndarray
+    revisits: np.ndarray
+    undos: np.ndarray
+    successes: np.ndarray
+    known_success: np.ndarray
+    turns: np.ndarray
+    episodes: np.ndarray
+    distinct_share: np.ndarray  # distinct action sequences / episodes
+
+
+def start_totals(episodes: Sequence[EpisodeIds], starts: int) -> StartTotals:
+    sums = np.zeros((8, starts))
+    sequences: list[set[tuple[int, ...]]] = [set() for _ in range(starts)]
+    for episode in episodes:
+        s = episode.start
+        sums[:4, s] += step_counts(episode)
+        sums[4, s] += bool(episode.success)
+        sums[5, s] += episode.success is not None
+        sums[6, s] += episode.turns
+        sums[7, s] += 1
+        sequences[s].add(episode.actions)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        distinct = np.array([len(q) for q in sequences]) / sums[7]
+    return StartTotals(*sums, distinct_share=distinct)
+
+
+def _ratio(weights: np.ndarray, top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (weights @ top) / (weights @ bottom)
+
+
+def rates(totals: StartTotals, weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Every episode metric under each row of (B, starts) start weights; NaN where a
+    resample holds no step (or no episode whose success is known)."""
+    has = totals.episodes > 0
+    return {
+        "stall_rate": _ratio(weights, totals.stalls, totals.steps),
+        "revisit_rate": _ratio(weights, totals.revisits, totals.steps),
+        "undo_rate": _ratio(weights, totals.undos, totals.steps),
+        "success_rate": _ratio(weights, totals.successes, totals.known_success),
+        "turns_per_episode": _ratio(weights, totals.turns, totals.episodes),
+        "distinct_action_sequences": _ratio(
+            weights[:, has], totals.distinct_share[has], np.ones(int(has.sum()))
+        ),
+    }
+
+
+def compute_episode_metrics(
+    episodes: Sequence[EpisodeIds], starts: int, *, resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, MetricValue]:  # fmt: skip
+    """SPEC "Agents across turns": each metric with its 95% interval over start states."""
+    if starts < 1 or not episodes:
+        return {key: math.nan for key in EPISODE_KEYS}
+    totals = start_totals(episodes, starts)
+    point = rates(totals, np.ones((1, starts)))
+    boot = rates(totals, bootstrap_prompt_weights(starts, resamples, seed))
+    return {
+        key: Estimate(float(point[key][0]), *finite_interval(boot[key])) for key in EPISODE_KEYS
+    }
+
+
+@dataclass(frozen=True)
+class EpisodeReading:
+    """The reading of a scan's episodes (SPEC "Agents across turns"): `looping`, `stalling`,
+    `progressing`, `inconclusive`, or `not_measured` (no episode, or no step)."""
+
+    regime: str
+    reason: str
+    episodes: int = 0
+    starts: int = 0
+    metrics: dict[str, MetricValue] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"regime": self.regime, "reason": self.reason, "episodes": self.episodes,
+                "starts": self.starts}  # fmt: skip
+
+
+NO_EPISODES = EpisodeReading(NOT_MEASURED, "no episodes: single-turn prompts")
+
+
+def _bounds(metric: MetricValue) -> tuple[float, float]:
+    if isinstance(metric, Estimate):
+        return metric.low, metric.high
+    return float(metric), float(metric)
+
+
+def read_episodes(
+    metrics: Mapping[str, MetricValue], looping_line: float, stalling_line: float,
+    episodes: int, starts: int,
+) -> EpisodeReading:  # fmt: skip
+    """Looping where revisit_rate is at or above `looping_line` beyond its interval, else
+    stalling where stall_rate is at or above `stalling_line`; progressing where both are below
+    their lines beyond their intervals; else inconclusive (the lines: `FlowThresholds`)."""
+    revisit, stall = metrics["revisit_rate"], metrics["stall_rate"]
+    (revisit_low, revisit_high), (stall_low, stall_high) = _bounds(revisit), _bounds(stall)
+    said = (
+        f"revisit_rate {_shown(revisit)} (line {looping_line:g}), stall_rate "
+        f"{_shown(stall)} (line {stalling_line:g})"
+    )
+    if any(math.isnan(x) for x in (revisit_low, revisit_high, stall_low, stall_high)):
+        regime, meaning = NOT_MEASURED, "no step whose next state is known"
+    elif revisit_low >= looping_line:
+        regime, meaning = LOOPING, "the agent goes back to states it has left"
+    elif stall_low >= stalling_line:
+        regime, meaning = STALLING, "the agent's actions often change nothing"
+    elif revisit_high < looping_line and stall_high < stalling_line:
+        regime, meaning = PROGRESSING, "the agent keeps reaching new states"
+    else:
+        regime, meaning = INCONCLUSIVE, "an interval straddles its line: play more episodes"
+    return EpisodeReading(regime, f"{said}: {meaning}", episodes, starts, dict(metrics))
+
+
+def _shown(metric: MetricValue) -> str:
+    low, high = _bounds(metric)
+    value = metric.value if isinstance(metric, Estimate) else float(metric)
+    return f"{value:.2f} [{low:.2f}, {high:.2f}]"

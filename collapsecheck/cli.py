@@ -775,7 +775,7 @@ def score(
         check_outputs(outputs)
         options = RolloutOptions(
             rendering.prompt_field, response_field, response_ids_field, group_field,
-            turn_sampling, pairs, analysis.seed, rewards.reward_field,
+            turn_sampling, pairs, analysis.seed, rewards.reward_field, scoring.state_regex,
         )  # fmt: skip
         parsed = read_rollouts_checked(rollouts, options, prompts)  # before the checkpoint
         if outputs.keep_prompts is not None:

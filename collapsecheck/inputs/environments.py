@@ -173,8 +173,10 @@ class Environment:
                 "reward, done, info) or (observation, reward, terminated, truncated, info)"
             )
         observation, reward, *ended, info = answer
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(
-            float(reward)
+        if (
+            isinstance(reward, bool)
+            or not isinstance(reward, int | float)
+            or not math.isfinite(float(reward))
         ):
             raise CollapsecheckError(f"{self._where(turn)}: reward {reward!r} is not a number")
         if info is None:

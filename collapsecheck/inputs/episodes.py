@@ -53,10 +53,15 @@ class Episode:
             "start": self.start,
             "seed": self.seed,
             "turns": [
-                {"state": t.state, "response": t.response, "action": t.action or "",
-                 "reward": t.reward, "info": t.info}
+                {
+                    "state": t.state,
+                    "response": t.response,
+                    "action": t.action or "",
+                    "reward": t.reward,
+                    "info": t.info,
+                }
                 for t in self.turns
-            ],  # fmt: skip
+            ],
             "final_state": self.final_state,
             "done": self.done,
             "success": self.success,
@@ -91,7 +96,9 @@ def last_user_text(turn: dict[str, Any]) -> str:
         return turn["state"]
     context = turn.get("messages", turn.get("prompt"))
     if isinstance(context, list):
-        users = [m.get("content") for m in context if isinstance(m, dict) and m.get("role") == "user"]
+        users = [
+            m.get("content") for m in context if isinstance(m, dict) and m.get("role") == "user"
+        ]
         texts = [u for u in users if isinstance(u, str)]
         return texts[-1] if texts else ""
     return context if isinstance(context, str) else ""

@@ -43,10 +43,10 @@ def reachable(board: np.ndarray, start: tuple[int, int]) -> bool:
             return True
         for dr, dc in ((1, 0), (-1, 0), (0, 1), (0, -1)):
             cell = (r + dr, c + dc)
-            if 0 <= cell[0] < size and 0 <= cell[1] < size and cell not in seen:
-                if board[cell] != "H":
-                    seen.add(cell)
-                    frontier.append(cell)
+            inside = 0 <= cell[0] < size and 0 <= cell[1] < size
+            if inside and cell not in seen and board[cell] != "H":
+                seen.add(cell)
+                frontier.append(cell)
     return False
 
 

@@ -72,7 +72,7 @@ def turn_entry(
 
 
 def _level(entry: TurnDependence, thresholds: Thresholds) -> str | None:
-    """"grounded" where every dependence metric is at or above dependence_high beyond its
+    """ "grounded" where every dependence metric is at or above dependence_high beyond its
     interval, "collapsed" where every one is at or below dependence_collapsed beyond it."""
     if not entry.measured or not all(k in entry.metrics for k in DEPENDENCE_KEYS):
         return None

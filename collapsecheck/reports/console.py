@@ -27,6 +27,8 @@ from collapsecheck.formatting import (
     prompts_phrase,
     samples_phrase,
 )
+from collapsecheck.measures.by_turn import stops_reading
+from collapsecheck.measures.episodes import EPISODE_KEYS
 from collapsecheck.measures.image_share import READINGS, image_reading
 from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.per_prompt import most_collapsed
@@ -113,6 +115,7 @@ def metrics_table(report: Report) -> Table:
     table.add_column("value", justify="right")
     table.add_column("95% interval", justify="right")
     keys = KEY_METRICS + (FLOW_METRICS if report.flow.regime != "not_measured" else ())
+    keys += EPISODE_KEYS if report.episodes.regime != "not_measured" else ()
     for key in keys:
         interval = _interval(report.metrics[key], key)
         label = key
@@ -192,6 +195,54 @@ def print_decisions(console: Console, report: Report) -> None:
     early = early_answer_line(report)
     if early is not None:
         console.print(early)
+    for line in (episodes_line(report), by_turn_line(report)):
+        if line is not None:
+            console.print(line)
+
+
+EPISODE_STYLES = {"progressing": "bold green", "inconclusive": "bold yellow"}
+
+
+def episodes_line(report: Report) -> Text | None:
+    """SPEC "Agents across turns": the episodes' reading in one line; None without episodes."""
+    episodes = report.episodes
+    if episodes.regime == "not_measured" and not episodes.episodes:
+        return None
+    line = Text("episodes: ", style="bold")
+    line.append(episodes.regime, style=EPISODE_STYLES.get(episodes.regime, COLLAPSE_STYLE))
+    success = report.metrics.get("success_rate")
+    done = f", success {point_value(success):.2f}" if success is not None else ""
+    line.append(
+        f" — {episodes.reason} ({plural(episodes.episodes, 'episode')} from "
+        f"{plural(episodes.starts, 'start state')}{done})"
+    )
+    return line
+
+
+def by_turn_line(report: Report) -> Text | None:
+    """Input dependence by turn (SPEC "Agents across turns"): each turn's normalized MI with
+    its interval, and the finding where the agent stops reading its state."""
+    if not report.by_turn:
+        return None
+    line = Text("by turn: ", style="bold")
+    cells = []
+    for entry in report.by_turn:
+        if not entry.measured:
+            cells.append(f"turn {entry.turn} not measured (N={entry.contexts})")
+            continue
+        metric = entry.metrics["normalized_mi"]
+        cells.append(f"turn {entry.turn} {_interval_text(metric)} (N={entry.contexts})")
+    line.append("normalized MI " + " | ".join(cells))
+    finding = stops_reading(report.by_turn, report.thresholds)
+    if finding is not None:
+        line.append(f"; {finding}", style=COLLAPSE_STYLE)
+    return line
+
+
+def _interval_text(metric: MetricValue) -> str:
+    if isinstance(metric, Estimate):
+        return f"{metric.value:.2f} [{metric.low:.2f}, {metric.high:.2f}]"
+    return f"{point_value(metric):.2f}"
 
 
 NEXT_STEPS = (

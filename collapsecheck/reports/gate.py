@@ -13,6 +13,7 @@ from collapsecheck.config import GateConfig
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
 from collapsecheck.formatting import format_metric, format_number
+from collapsecheck.measures.episodes import NOT_MEASURED
 from collapsecheck.measures.metrics import Estimate, point_value
 from collapsecheck.measures.verdict import INCONCLUSIVE
 from collapsecheck.reports.report import KEY_METRICS, Report
@@ -40,7 +41,10 @@ def check_report(report: Report, gate: GateConfig) -> list[RuleResult]:
     listed = ", ".join(sorted(gate.fail_on)) or "none"
     results = []
     verdicts = (("regime", report.verdict), ("flow", report.flow))
-    for name, verdict in (*verdicts, ("early answer", report.early_answer)):
+    verdicts += (("early answer", report.early_answer),)
+    if report.episodes.regime != NOT_MEASURED:  # SPEC "Agents across turns"
+        verdicts += (("episodes", report.episodes),)
+    for name, verdict in verdicts:
         regime = verdict.regime
         failed = regime in gate.fail_on
         undecided = name == "regime" and regime == INCONCLUSIVE and not failed

@@ -112,7 +112,9 @@ def episodes_from_dict(data: dict[str, Any]) -> EpisodeReading:
     section = data.get("episodes")
     if not section:
         return NO_EPISODES
-    metrics = {k: metric_from_json(data["metrics"][k]) for k in EPISODE_KEYS if k in data["metrics"]}
+    metrics = {
+        k: metric_from_json(data["metrics"][k]) for k in EPISODE_KEYS if k in data["metrics"]
+    }
     return EpisodeReading(section["regime"], section["reason"], int(section.get("episodes", 0)),
                           int(section.get("starts", 0)), metrics)  # fmt: skip
 

@@ -30,12 +30,12 @@ from collapsecheck.engines.reasoning import (
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked
 from collapsecheck.inputs.checkpoint import Checkpoint
+from collapsecheck.inputs.environments import EnvironmentSpec
+from collapsecheck.inputs.episodes import Episode
 from collapsecheck.inputs.prompts import (
     file_sha256,
     render_prompts,
 )
-from collapsecheck.inputs.environments import EnvironmentSpec
-from collapsecheck.inputs.episodes import Episode
 from collapsecheck.inputs.rollouts import (
     ParsedRollouts,
     RolloutOptions,
@@ -63,14 +63,15 @@ from collapsecheck.measures.verdict import Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import (
     REPORT_FILE,
+    write_episodes,
     write_matrix,
     write_per_prompt,
     write_prior,
     write_samples,
-    write_episodes,
     write_token_information,
 )
 from collapsecheck.reports.report import Report
+from collapsecheck.runs.episodes import play as play_episodes
 from collapsecheck.runs.explanation import Rewards, explain, no_rewards, reward_function
 from collapsecheck.runs.loading import (
     PriorBaseline,
@@ -90,7 +91,6 @@ from collapsecheck.runs.measuring import (
     prompt_counts,
     score_traces,
 )
-from collapsecheck.runs.episodes import play as play_episodes
 from collapsecheck.runs.preparation import (
     Prepared,
     prepare,
@@ -180,6 +180,8 @@ def diagnose(
     rewards = diagnosis.rewards(prepared.prompts, traces)  # before scoring: it may fail
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
+        if diagnosis.episodes:
+            write_episodes(dump_dir, diagnosis.episodes)
     started = time.perf_counter()
     scores = score_traces(
         backend, prepared, traces, settings, diagnosis.progress, diagnosis.temperature or 1.0
@@ -238,7 +240,7 @@ def measure_across_turns(
     metrics: dict[str, Any],
 ) -> tuple[list[TurnDependence], EpisodeReading]:  # fmt: skip
     """SPEC "Agents across turns": input dependence by turn (multi-turn pairs), and the
-    episodes' metrics (added to `metrics`) with their reading, written to the dump."""
+    episodes' metrics (added to `metrics`) with their reading."""
     by_turn = []
     if diagnosis.turns is not None:
         by_turn = measure_by_turn(
@@ -249,8 +251,6 @@ def measure_across_turns(
         return by_turn, NO_EPISODES
     reading = measure_episodes(diagnosis.episodes, diagnosis.settings, diagnosis.flow_thresholds)
     metrics.update(reading.metrics)
-    if diagnosis.dump_dir is not None:
-        write_episodes(diagnosis.dump_dir, diagnosis.episodes)
     return by_turn, reading
 
 

@@ -35,9 +35,7 @@ class Playing:
     env: Environment
     observation: str
     turns: list[EpisodeTurn] = dataclasses.field(default_factory=list)
-    contexts: list[tuple[Prompt, RenderedPrompt, Sample]] = dataclasses.field(
-        default_factory=list
-    )
+    contexts: list[tuple[Prompt, RenderedPrompt, Sample]] = dataclasses.field(default_factory=list)
     done: bool = False
     success: bool | None = None
 

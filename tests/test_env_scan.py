@@ -1,0 +1,282 @@
+"""`scan --env` (SPEC "Agents across turns") for real: a demo checkpoint played in the demo
+gridworld through RAGEN's protocol and through a real gymnasium.Env, its episodes replayed in
+the environment, its contexts the chat so far, input dependence by turn against the pooled
+matrix, the results cache, the errors; and the episodes of RAGEN's own export."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import EXAMPLES, HEALTHY, ROOT
+
+GRIDWORLD = EXAMPLES / "environments" / "gridworld.py"
+ENVS = ROOT / "tests" / "fixtures" / "environments"
+FLOW = EXAMPLES / "checkpoints" / "flow" / "faithful"
+SMALL = ("-n", "4", "-k", "2", "--max-turns", "3", "--max-new-tokens", "48", "--bootstrap", "100",
+         "--fail-on", "none")  # fmt: skip
+
+
+def collapsecheck(*args, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "collapsecheck.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env={"HF_HUB_OFFLINE": "1",
+        "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )  # fmt: skip
+
+
+def episodes_of(dump):
+    return [json.loads(line) for line in (dump / "episodes.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    """The faithful flow checkpoint played in the demo gridworld (RAGEN's protocol)."""
+    dump = tmp_path_factory.mktemp("played")
+    result = collapsecheck("scan", FLOW, "--env", f"{GRIDWORLD}:make", *SMALL, "--dump", dump)
+    assert result.returncode == 0, result.stderr
+    return dump, result
+
+
+def gridworld():
+    spec = importlib.util.spec_from_file_location("gridworld_replay", GRIDWORLD)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_played_episodes_replay_in_their_environment(played):
+    dump, _ = played
+    episodes = episodes_of(dump)
+    assert len(episodes) == 8 and {e["start"] for e in episodes} == {0, 1, 2, 3}
+    module = gridworld()
+    for episode in episodes:
+        env = module.make()
+        state = env.reset(seed=episode["seed"])
+        assert episode["seed"] == episode["start"]  # --env-seed 0: seeds 0 .. N-1
+        for turn in episode["turns"]:
+            assert turn["state"] == state
+            # the action is the response's <answer> segment, "" where it has none
+            answer = turn["response"].partition("<answer>")[2].partition("</answer>")[0]
+            assert turn["action"] == (answer if "</answer>" in turn["response"] else "")
+            state, reward, done, info = env.step(turn["action"])
+            assert turn["reward"] == reward and turn["info"] == info
+        assert episode["final_state"] == state
+        assert episode["done"] == done and len(episode["turns"]) <= 3
+        assert (len(episode["turns"]) == 3) or done
+
+
+def test_the_report_holds_the_episodes_and_input_dependence_by_turn(played):
+    dump, result = played
+    report = json.loads((dump / "report.json").read_text())
+    assert report["episodes"]["regime"] in ("looping", "stalling", "progressing", "inconclusive")
+    assert report["episodes"]["episodes"] == 8 and report["episodes"]["starts"] == 4
+    for key in ("stall_rate", "revisit_rate", "undo_rate", "success_rate", "turns_per_episode",
+                "distinct_action_sequences"):  # fmt: skip
+        metric = report["metrics"][key]
+        assert metric["low"] <= metric["value"] <= metric["high"], key
+    turns = [entry["turn"] for entry in report["by_turn"]]
+    assert turns == sorted(turns) and turns[0] == 1
+    first = report["by_turn"][0]
+    assert first["contexts"] == 4 and first["pairs"] == 8  # 4 seeds, 2 episodes each
+    for key in ("normalized_mi", "retrieval_skill", "conditional_entropy_est"):
+        assert set(first[key]) == {"value", "low", "high"}
+    said = " ".join(result.stdout.split())
+    assert "episodes: " in said and "by turn: normalized MI turn 1" in said
+
+
+def test_a_turns_context_is_the_chat_so_far(played, tmp_path):
+    dump, _ = played
+    texts = [json.loads(line)["text"] for line in (dump / "prompts.jsonl").read_text().splitlines()]
+    # -1 keeps every observation: a turn-3 context holds three, with two responses between
+    assert max(text.count("<|user|>") for text in texts) == 3
+    assert max(text.count("<|assistant|>") for text in texts) == 3  # two kept + the opened one
+    result = collapsecheck("scan", FLOW, "--env", f"{GRIDWORLD}:make", *SMALL,
+                           "--context-window", "1", "--dump", tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for line in (tmp_path / "prompts.jsonl").read_text().splitlines():
+        text = json.loads(line)["text"]
+        assert text.count("<|user|>") == 1 and text.count("<|assistant|>") == 1
+
+
+def test_gymnasiums_protocol_plays_the_same_episodes(played, tmp_path):
+    dump, _ = played
+    result = collapsecheck("scan", FLOW, "--env", f"{ENVS / 'gym_gridworld.py'}:make", *SMALL,
+                           "--dump", tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # the same seeds, the same checkpoint and settings: the same episodes, turn for turn
+    assert episodes_of(tmp_path) == episodes_of(dump)
+
+
+def test_by_turn_of_one_turn_is_the_pooled_matrix(tmp_path):
+    from collapsecheck.inputs.environments import load_environment
+    from collapsecheck.runs.diagnose import play
+    from collapsecheck.settings import EnvSettings
+
+    env = EnvSettings(env=f"{GRIDWORLD}:make", max_turns=1)
+    report = play(
+        FLOW, load_environment(env.env, {}), env=env, num_prompts=6, k=2, max_new_tokens=48,
+        bootstrap=100, device="cpu",
+    )  # fmt: skip
+    (entry,) = report.by_turn
+    assert entry.turn == 1 and entry.contexts == 6 and entry.pairs == 12
+    for key in ("normalized_mi", "retrieval_skill", "conditional_entropy_est"):
+        # the same matrix, scored in other batches (the pooled call scores the flow too)
+        mine, pooled = entry.metrics[key], report.metrics[key]
+        assert (mine.value, mine.low, mine.high) == pytest.approx(
+            (pooled.value, pooled.low, pooled.high), rel=1e-6, abs=1e-9
+        ), key
+
+
+def test_a_cached_played_scan_is_read_back_and_read_again_with_other_lines(tmp_path):
+    args = ("scan", HEALTHY, "--env", f"{GRIDWORLD}:make", *SMALL, "--out", tmp_path)
+    first = collapsecheck(*args, "--json", tmp_path / "a.json")
+    assert first.returncode == 0, first.stderr
+    again = collapsecheck(*args, "--looping-line", "0", "--json", tmp_path / "b.json")
+    assert again.returncode == 0, again.stderr
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert b["timing"].get("cached") is True
+    assert a["metrics"]["revisit_rate"] == b["metrics"]["revisit_rate"]
+    # a line of 0: every revisit interval's lower bound is at or above it
+    assert b["episodes"]["regime"] == "looping"
+    other = collapsecheck(*args, "--max-turns", "2", "--json", tmp_path / "c.json")
+    assert json.loads((tmp_path / "c.json").read_text())["timing"].get("cached") is not True, (
+        other.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        (f"{ENVS / 'broken.py'}:raises", "the factory failed for seed 0 (ValueError: no such board)"),
+        (f"{ENVS / 'broken.py'}:nothing", "has no factory 'nothing'"),
+        (f"{ENVS / 'missing.py'}:make", "file not found"),
+        ("no_such_package.envs:make", "no module named 'no_such_package'"),
+        ("gridworld", "expected FILE.py:FACTORY, package.module:FACTORY or one of frozenlake"),
+        (f"{ENVS / 'broken.py'}:not_text", "(seed 0, reset): the observation is a int, not text"),
+        (f"{ENVS / 'broken.py'}:bad_step", "(seed 0, turn 1): step returned a tuple of 3"),
+        (f"{ENVS / 'broken.py'}:step_raises",
+         "(seed 0, turn 2): the environment raised RuntimeError: the board fell over"),
+    ],
+)  # fmt: skip
+def test_an_environment_at_fault_is_one_line_naming_it(spec, said, tmp_path):
+    result = collapsecheck("scan", HEALTHY, "--env", spec, *SMALL)
+    assert result.returncode == 2
+    line = " ".join(result.stderr.split())
+    assert said in line, line
+    assert "Traceback" not in result.stderr and line.count("error:") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--env-arg", "size"), "--env-arg expects KEY=VALUE, got 'size'"),
+        (("--prompts", EXAMPLES / "prompts" / "gridworld.jsonl"), "--prompts do not go with it"),
+        (("--context-window", "0"), "--context-window must be -1 or at least 1"),
+    ],
+)
+def test_options_at_fault_are_one_line(args, said):
+    result = collapsecheck("scan", HEALTHY, "--env", f"{GRIDWORLD}:make", *SMALL, *args)
+    assert result.returncode == 2 and said in " ".join(result.stderr.split()), result.stderr
+
+
+def test_env_options_need_an_environment():
+    result = collapsecheck("scan", HEALTHY, "-p", EXAMPLES / "prompts" / "gridworld.jsonl",
+                           "--max-turns", "3")  # fmt: skip
+    assert result.returncode == 2 and "--max-turns goes with --env SPEC" in result.stderr
+
+
+def test_frozenlake_is_gymnasiums_lake_as_ragen_renders_it():
+    from collapsecheck.inputs.environments import Environment, load_environment
+
+    spec = load_environment("frozenlake", {"size": 4, "is_slippery": False})
+    env = Environment(spec, 3)
+    board = env.reset()
+    rows = board.split("\n")
+    assert len(rows) == 4 and all(len(r) == 4 for r in rows)
+    assert board.count("P") == 1 and board.count("G") == 1 and set(board) <= set("P_OG\n")
+    assert "Left" in env.system_prompt
+    again = Environment(spec, 3)
+    assert again.reset() == board  # the map comes from the seed
+    wrong = env.step("jump", 1)
+    assert wrong.observation == board and wrong.info["action_is_valid"] is False
+    # walk to the goal along a path of frozen cells (no slipping): success at the goal
+    start = next((r, c) for r, row in enumerate(rows) for c, x in enumerate(row) if x == "P")
+    goal = next((r, c) for r, row in enumerate(rows) for c, x in enumerate(row) if x == "G")
+    step = None
+    for action in shortest_path(rows, start, goal):
+        step = env.step(action, 1)
+    assert step is not None and step.done and step.info["success"] and step.reward == 1.0
+    assert "√" in step.observation
+
+
+def shortest_path(rows, start, goal):
+    from collections import deque
+
+    moves = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+    frontier, seen = deque([(start, [])]), {start}
+    while frontier:
+        (r, c), path = frontier.popleft()
+        if (r, c) == goal:
+            return path
+        for name, (dr, dc) in moves.items():
+            nxt = (r + dr, c + dc)
+            inside = 0 <= nxt[0] < 4 and 0 <= nxt[1] < 4
+            if inside and nxt not in seen and rows[nxt[0]][nxt[1]] != "O":
+                seen.add(nxt)
+                frontier.append((nxt, [*path, name]))
+    raise AssertionError("the seeded map has no path")
+
+
+RAGEN = ROOT / "tests" / "fixtures" / "trainer-dumps" / "ragen" / "val_rollouts_20261125_101500.jsonl"
+
+
+def test_ragens_export_gives_its_episodes(tmp_path):
+    result = collapsecheck("score", RAGEN, "-c", HEALTHY, "--dump", tmp_path, "--bootstrap", "100",
+                           "--fail-on", "none")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in RAGEN.open()]
+    episodes = episodes_of(tmp_path)
+    assert len(episodes) == len(rows)
+    for row, episode in zip(rows, episodes, strict=True):
+        users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        # each state the user message less RAGEN's " (reward: r)"; the export ends with the
+        # observation after the last turn
+        assert [t["state"] for t in episode["turns"]] == [
+            u.split(" (reward:")[0] for u in users[:-1]
+        ]
+        assert episode["final_state"] == users[-1].split(" (reward:")[0]
+        assert episode["success"] is row["metadata"]["success"]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [e["turn"] for e in report["by_turn"]] == [1, 2]
+    assert report["episodes"]["episodes"] == len(rows)
+    assert not math.isnan(report["metrics"]["revisit_rate"]["value"])
+
+
+def test_a_state_regex_picks_the_state_out_of_each_observation(tmp_path):
+    rows = []
+    for n in range(4):
+        states = [f"agent {n},0 goal 5,5", f"agent {n},1 goal 5,5", f"agent {n},0 goal 5,5"]
+        turns = [
+            {"messages": [{"role": "user", "content": f"Turn {i + 1}: {s}"}],
+             "response": "<think>me</think><answer>right</answer>"}
+            for i, s in enumerate(states)
+        ]  # fmt: skip
+        rows.append({"turns": turns, "final_state": f"Turn 4: agent {n},1 goal 5,5"})
+    path = tmp_path / "turns.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plain = collapsecheck("score", path, "-c", HEALTHY, "--json", tmp_path / "plain.json",
+                          "--bootstrap", "50", "--fail-on", "none")  # fmt: skip
+    picked = collapsecheck("score", path, "-c", HEALTHY, "--json", tmp_path / "picked.json",
+                           "--bootstrap", "50", "--fail-on", "none",
+                           "--state-regex", r"Turn \d+: (.*)")  # fmt: skip
+    assert plain.returncode == 0 and picked.returncode == 0, plain.stderr + picked.stderr
+    plain_report = json.loads((tmp_path / "plain.json").read_text())
+    picked_report = json.loads((tmp_path / "picked.json").read_text())
+    # with the turn counter every state is new; without it the agent goes back and forth
+    assert plain_report["metrics"]["revisit_rate"]["value"] == 0
+    assert picked_report["metrics"]["revisit_rate"]["value"] == pytest.approx(2 / 3)
+    assert picked_report["metrics"]["undo_rate"]["value"] == pytest.approx(2 / 3)

@@ -151,7 +151,8 @@ def test_a_cached_played_scan_is_read_back_and_read_again_with_other_lines(tmp_p
 @pytest.mark.parametrize(
     ("spec", "said"),
     [
-        (f"{ENVS / 'broken.py'}:raises", "the factory failed for seed 0 (ValueError: no such board)"),
+        (f"{ENVS / 'broken.py'}:raises",
+         "the factory failed for seed 0 (ValueError: no such board)"),
         (f"{ENVS / 'broken.py'}:nothing", "has no factory 'nothing'"),
         (f"{ENVS / 'missing.py'}:make", "file not found"),
         ("no_such_package.envs:make", "no module named 'no_such_package'"),
@@ -231,7 +232,7 @@ def shortest_path(rows, start, goal):
     raise AssertionError("the seeded map has no path")
 
 
-RAGEN = ROOT / "tests" / "fixtures" / "trainer-dumps" / "ragen" / "val_rollouts_20261125_101500.jsonl"
+RAGEN = ROOT / "tests/fixtures/trainer-dumps/ragen/val_rollouts_20261125_101500.jsonl"
 
 
 def test_ragens_export_gives_its_episodes(tmp_path):

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,7 @@ from collapsecheck.runs.measuring import (
     measure_where,
     prompt_counts,
     score_traces,
+    with_actions,
 )
 from collapsecheck.runs.preparation import (
     Prepared,
@@ -175,6 +176,8 @@ def diagnose(
     """From samples to the report: reasoning extraction, cross-scoring, metrics, verdict,
     and (with a dump directory) the SPEC dump, each file as soon as it is known."""
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
+    if diagnosis.episodes:
+        diagnosis = replace(diagnosis, episodes=with_actions(diagnosis.episodes, settings))
     spec, action = reasoning_spec(settings.scoring), action_spec(settings.scoring)
     traces = extract_traces(samples, backend.decode, spec, prepared.opened, action)
     rewards = diagnosis.rewards(prepared.prompts, traces)  # before scoring: it may fail

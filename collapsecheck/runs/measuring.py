@@ -233,21 +233,30 @@ def for_turn(progress: ProgressHook, number: int) -> ProgressHook:
     return lambda stage, total: progress(f"{stage}, turn {number}", total)
 
 
-def measure_episodes(
-    episodes: Sequence[Episode], settings: Settings, lines: FlowThresholds
-) -> EpisodeReading:
-    """SPEC "Agents across turns": the episodes' metrics with their intervals over start
-    states, and their reading; a file's actions located in its responses as the flow
-    locates them."""
+def with_actions(episodes: Sequence[Episode], settings: Settings) -> list[Episode]:
+    """A file's episodes with each turn's action located in its response as the flow locates
+    it (played episodes have theirs already)."""
     spec = reasoning_spec(settings.scoring)
     acting = action_spec(settings.scoring) or ActionSpec()
 
-    def action_of(turn: EpisodeTurn) -> str:
+    def located(turn: EpisodeTurn) -> EpisodeTurn:
         if turn.action is not None:
-            return turn.action
-        return located_action(turn.response, spec, acting, False)
+            return turn
+        action = located_action(turn.response, spec, acting, False)
+        return dataclasses.replace(turn, action=action)
 
-    ids, starts = as_ids(episodes, action_of)
+    return [
+        dataclasses.replace(episode, turns=tuple(located(t) for t in episode.turns))
+        for episode in episodes
+    ]
+
+
+def measure_episodes(
+    episodes: Sequence[Episode], settings: Settings, lines: FlowThresholds
+) -> EpisodeReading:
+    """SPEC "Agents across turns": the episodes' metrics (each turn's action located:
+    `with_actions`) with their intervals over start states, and their reading."""
+    ids, starts = as_ids(episodes, lambda turn: turn.action or "")
     analysis = settings.analysis
     metrics = compute_episode_metrics(ids, starts, resamples=analysis.bootstrap, seed=analysis.seed)
     return read_episodes(metrics, lines.looping_line, lines.stalling_line, len(ids), starts)

@@ -62,20 +62,29 @@ class EpisodeIds:
         return self.states[1:] + (() if self.final is None else (self.final,))
 
 
-def step_counts(episode: EpisodeIds) -> tuple[int, int, int, int]:
-    """(steps, stalls, revisits, undos) of one episode (SPEC "Agents across turns")."""
-    steps = stalls = revisits = undos = 0
+STEP, STALL, REVISIT, UNDO = "step", "stall", "revisit", "undo"
+
+
+def step_kinds(episode: EpisodeIds) -> list[str]:
+    """What each step s_t -> s_{t+1} of one episode was (SPEC "Agents across turns"): a
+    stall, an undo (also a revisit), a revisit, or a plain step; one per known next state."""
+    kinds = []
     states = episode.states
-    for t, after in enumerate(episode.next_states()):  # the step s_{t+1} -> after, 0-based t
-        now = states[t]
-        steps += 1
-        if after == now:
-            stalls += 1
-            continue
-        if after in states[:t]:
-            revisits += 1
-            undos += t >= 1 and after == states[t - 1]
-    return steps, stalls, revisits, undos
+    for t, after in enumerate(episode.next_states()):  # 0-based t: the step from states[t]
+        if after == states[t]:
+            kinds.append(STALL)
+        elif after in states[:t]:
+            kinds.append(UNDO if t >= 1 and after == states[t - 1] else REVISIT)
+        else:
+            kinds.append(STEP)
+    return kinds
+
+
+def step_counts(episode: EpisodeIds) -> tuple[int, int, int, int]:
+    """(steps, stalls, revisits, undos) of one episode; an undo counts as a revisit too."""
+    kinds = step_kinds(episode)
+    undos = kinds.count(UNDO)
+    return len(kinds), kinds.count(STALL), kinds.count(REVISIT) + undos, undos
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.episodes import Episode
 from collapsecheck.inputs.images import PromptImage
 from collapsecheck.inputs.scan_dump import PROMPTS_FILE, TRACES_FILE, read_images, read_jsonl
 from collapsecheck.measures.flow import FlowLogProbs
 from collapsecheck.measures.metrics import CrossLogProbs
 from collapsecheck.measures.token_information import TokenInformation
-from collapsecheck.reports.dump import MATRIX_FILE, read_flow, read_matrix, read_token_information
+from collapsecheck.reports.dump import (
+    MATRIX_FILE,
+    read_dump_episodes,
+    read_flow,
+    read_matrix,
+    read_token_information,
+)
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,14 @@ def evidence_of(report: Any) -> Evidence | None:
     if report.evidence is not None:
         return report.evidence
     return read_evidence(report.dump_dir) if has_matrix(report.dump_dir) else None
+
+
+def episodes_of(report: Any) -> list[Episode] | None:
+    """The report's episodes (SPEC "Agents across turns"): kept in memory by the scan, else
+    read from its dump; None for single-turn prompts, or a report.json without its dump."""
+    if report.episode_records:
+        return report.episode_records
+    return read_dump_episodes(report.dump_dir) if report.dump_dir is not None else None
 
 
 def matrix_of(report: Any) -> CrossLogProbs | None:

@@ -28,7 +28,8 @@ from collapsecheck.measures.metrics import matched_and_marginal
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.reports.compare import Comparison
 from collapsecheck.reports.console import print_comparison, print_report, print_run, run_table
-from collapsecheck.reports.evidence import Evidence, evidence_of, matrix_of
+from collapsecheck.reports.episode_strips import across_turns_section
+from collapsecheck.reports.evidence import Evidence, episodes_of, evidence_of, matrix_of
 from collapsecheck.reports.figures import (
     centered,
     early_answer_picture,
@@ -130,10 +131,16 @@ def verdict_banner(report: Report) -> str:
         if prior.regime != NOT_MEASURED
         else ""
     )
+    episodes = report.episodes
+    episodes_line = (
+        f"<br>episodes: <b>{escape(episodes.regime)}</b> — {escape(episodes.reason)}"
+        if episodes.regime != NOT_MEASURED
+        else ""
+    )
     return (
         f'<div class="verdict {escape(verdict.regime)}">verdict: '
         f"<b>{escape(verdict.label.replace('_', ' '))}</b> — "
-        f"{escape(verdict.reason)}{flow_line}{early_line}{prior_line}</div>"
+        f"{escape(verdict.reason)}{flow_line}{early_line}{prior_line}{episodes_line}</div>"
     )
 
 
@@ -351,8 +358,9 @@ def report_body(report: Report, anchor: str = "") -> str:
     if evidence is None:
         missing = note("no cross-scoring matrix to draw: this report.json was read without "
                        "its dump (SPEC \"Dump format\")")  # fmt: skip
+        across = across_turns_section(report, episodes_of(report))
         return "\n".join(
-            [verdict_banner(report), missing, numbers, prompt_table(report, anchor, False)]
+            [verdict_banner(report), missing, across, numbers, prompt_table(report, anchor, False)]
         )
     return "\n".join(
         [
@@ -360,6 +368,7 @@ def report_body(report: Report, anchor: str = "") -> str:
             matrix_section(report, evidence),
             where_section(report.token_information, evidence, TRACE_CHARS),
             early_answer_section([("", report.early_answer)], "Early answering"),
+            across_turns_section(report, episodes_of(report)),
             side_by_side(report, evidence),
             numbers,
             prompt_table(report, anchor, linked=True),

@@ -153,6 +153,9 @@ class Report:
     # the prompts scored, in the order of the per-prompt table and the SNR section's indices
     # (collapsecheck.inputs.prompts.Prompt; set by a scan or score, not serialized)
     prompts: list[Any] = field(default_factory=list, compare=False, repr=False)
+    # the episodes behind `episodes` (collapsecheck.inputs.episodes.Episode; set by a scan or
+    # score, not serialized: a dump keeps them in episodes.jsonl)
+    episode_records: list[Any] = field(default_factory=list, compare=False, repr=False)
     # the matrix and traces behind the numbers, for a scan without a dump to read them from
     # (collapsecheck.reports.evidence.Evidence; not serialized)
     evidence: Any = field(default=None, compare=False, repr=False)

@@ -228,6 +228,7 @@ def diagnose(
         snr_reason=why.snr_reason,
         per_prompt=why.per_prompt,
         prompts=list(prepared.prompts),
+        episode_records=list(diagnosis.episodes or []),
     )
     if dump_dir is not None:
         write_per_prompt(dump_dir, why.per_prompt)

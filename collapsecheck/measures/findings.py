@@ -158,6 +158,33 @@ def find(
     return found
 
 
+def strategy_narrowing(
+    labels: Sequence[str], metrics: Sequence[Mapping[str, MetricValue]]
+) -> Finding | None:
+    """SPEC "Agents across turns": between the first and the latest step with episodes,
+    H(Z|X) per token within ENTROPY_STILL of where it was while distinct_action_sequences
+    fell beyond both intervals (the text varies, the strategy does not); None otherwise."""
+    measured = [i for i, m in enumerate(metrics) if _defined(m.get("distinct_action_sequences"))]
+    if len(measured) < 2:
+        return None
+    a, b = measured[0], measured[-1]
+    first, last = metrics[a]["distinct_action_sequences"], metrics[b]["distinct_action_sequences"]
+    entropy = [point_value(metrics[i]["conditional_entropy_est"]) for i in (a, b)]
+    held = entropy[0] > 0 and abs(entropy[1] - entropy[0]) / entropy[0] <= ENTROPY_STILL
+    if not (held and interval_bounds(last)[1] < interval_bounds(first)[0]):
+        return None
+    return Finding("strategy_narrowing", (
+        f"the reasoning's entropy held ({entropy[0]:.3f} -> {entropy[1]:.3f} nats/token, steps "
+        f"{labels[a]} -> {labels[b]}) while the episodes' distinct action sequences fell "
+        f"{point_value(first):.2f} -> {point_value(last):.2f}: the text still varies, the "
+        "strategy does not (entropy gaming)"
+    ))  # fmt: skip
+
+
+def _defined(metric: MetricValue | None) -> bool:
+    return metric is not None and not math.isnan(point_value(metric))
+
+
 def _fall(mi: Sequence[MetricValue], a: int, b: int) -> str:
     first, last = point_value(mi[a]), point_value(mi[b])
     share = (first - last) / first if first else 0.0

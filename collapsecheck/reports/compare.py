@@ -15,6 +15,7 @@ from collapsecheck.measures.early_answer import (
     agreement_key,
     paired_early_differences,
 )
+from collapsecheck.measures.episodes import EPISODE_KEYS
 from collapsecheck.measures.flow import NOT_MEASURED, FlowLogProbs, paired_flow_differences
 from collapsecheck.measures.image_share import paired_image_share_differences
 from collapsecheck.measures.metrics import (
@@ -149,6 +150,10 @@ class Comparison:
 
 
 def _can_pair(a: Report, b: Report) -> bool:
+    """Paired where both scanned the same prompts and kept their dumps; never for played
+    episodes (SPEC "Agents across turns"), whose contexts each policy made itself."""
+    if "env" in a.settings or "env" in b.settings:
+        return False
     same_prompts = all(a.settings.get(k) == b.settings.get(k) for k in SAME_PROMPTS_KEYS)
     have_dumps = all(r.dump_dir and (r.dump_dir / MATRIX_FILE).is_file() for r in (a, b))
     return same_prompts and bool(have_dumps)
@@ -298,6 +303,24 @@ def snr_deltas(a: Report, b: Report) -> dict[str, Estimate]:
     }
 
 
+def episode_deltas(a: Report, b: Report) -> dict[str, Estimate]:
+    """B - A of the episode metrics where both reports have episodes (SPEC "Agents across
+    turns"), unpaired: each played its own episodes."""
+    if NOT_MEASURED in (a.episodes.regime, b.episodes.regime):
+        return {}
+    return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in EPISODE_KEYS}
+
+
+def episode_change(deltas: dict[str, Estimate]) -> str:
+    """The reason's clause where B goes back to states it left more often, beyond noise."""
+    revisit = deltas.get("revisit_rate")
+    if revisit is None or revisit.low <= 0:
+        return ""
+    return "; B's episodes revisit states more often than A's beyond noise: " + _describe(
+        "revisit_rate", revisit
+    )
+
+
 def _describe(key: str, delta: Estimate) -> str:
     return f"{key} {delta.value:+.3f} [{delta.low:+.3f}, {delta.high:+.3f}]"
 
@@ -339,6 +362,7 @@ def compare_reports(
     deltas.update(image_deltas(a, b, matrices, resamples, seed))
     deltas.update(where_deltas(a, b, matrices, resamples, seed))
     deltas.update(snr_deltas(a, b))
+    deltas.update(episode_deltas(a, b))
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
     lost = len(dropped) == len(DEPENDENCE_KEYS)
     changes = "; ".join(_describe(key, deltas[key]) for key in DEPENDENCE_KEYS)
@@ -353,5 +377,6 @@ def compare_reports(
         )
     reason += early_change(deltas)
     reason += where_change(a, b, deltas)
+    reason += episode_change(deltas)
     warnings += early_fractions_differ(a, b)
     return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)

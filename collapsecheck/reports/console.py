@@ -495,7 +495,17 @@ def run_columns(run: RunReport) -> list[Column]:
         Column("flow", tuple(s.report.flow.regime.replace("_", " ") for s in steps), "left"),
         Column("onset", onsets, "left"),
     ]
+    if any(s.report.episodes.regime != "not_measured" for s in steps):
+        columns.append(Column("episodes", tuple(episodes_cell(s.report) for s in steps), "left"))
     return columns
+
+
+def episodes_cell(report: Report) -> str:
+    """A run table's episodes cell: the reading and revisit_rate (SPEC "Agents across
+    turns")."""
+    if report.episodes.regime == "not_measured":
+        return ""
+    return f"{report.episodes.regime} {_format(report.value('revisit_rate'))}"
 
 
 def step_label(step: Any) -> str:
@@ -577,12 +587,16 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for name, report in (("A", comparison.a), ("B", comparison.b)):
         line = Text(f"{name}: ", style="bold")
         line.append_text(regime_text(report))
+        if report.episodes.regime != "not_measured":
+            line.append(f", episodes {report.episodes.regime}")
         line.append(f"  {report.settings.get('checkpoint', '')}", style="dim")
         console.print(line)
+    played = "env" in comparison.a.settings or "env" in comparison.b.settings
+    unpaired = "played episodes: each policy made its own contexts" if played else "no dumps to pair"
     method = (
         "paired bootstrap over prompts"
         if comparison.paired
-        else ("unpaired approximation from the reports' intervals (no dumps to pair)")
+        else f"unpaired approximation from the reports' intervals ({unpaired})"
     )
     console.print(f"intervals: {method}", style="dim")
     print_warnings(console, comparison.warnings)

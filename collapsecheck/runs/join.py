@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collapsecheck.inputs.training_logs import TrainingLog
-from collapsecheck.measures.findings import find, series_keys, step_windows
+from collapsecheck.measures.findings import find, series_keys, step_windows, strategy_narrowing
 from collapsecheck.measures.metrics import Estimate, apply_run_ema
 from collapsecheck.measures.onset import ONSET_METRIC, Onset, detect_onset
 from collapsecheck.measures.prior import BASELINE_ENTROPY, TYPICALITY, read_prior, typicality
@@ -51,6 +51,11 @@ def join(plan: ScanPlan, reports: Sequence[Report], context: RunContext) -> RunR
         # a run of the trainer's rollouts has no baseline row: its first row is a step
         baseline = context.baseline and plan.sampled
         beside_the_log(run, context.training_log, context.train_keys, baseline)
+    narrowing = strategy_narrowing(
+        [s.checkpoint.label for s in steps], [s.report.metrics for s in steps]
+    )
+    if narrowing is not None:
+        run.findings.append(narrowing)
     return run
 
 

@@ -592,7 +592,9 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
         line.append(f"  {report.settings.get('checkpoint', '')}", style="dim")
         console.print(line)
     played = "env" in comparison.a.settings or "env" in comparison.b.settings
-    unpaired = "played episodes: each policy made its own contexts" if played else "no dumps to pair"
+    unpaired = "no dumps to pair"
+    if played:
+        unpaired = "played episodes: each policy made its own contexts"
     method = (
         "paired bootstrap over prompts"
         if comparison.paired

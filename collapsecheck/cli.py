@@ -659,6 +659,7 @@ def watch(
     gate_settings: GateSettings,
     outputs: OutputSettings,
     following: WatchSettings,
+    env_settings: EnvSettings,
     prompts: ScanPrompts = None,
     rollouts: Rollouts = None,
     train_log: TrainLog = None,
@@ -673,13 +674,15 @@ def watch(
     has written it whole, into the console, the results cache, --html and the dashboard."""
     from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import check_outputs
-    from collapsecheck.runs.watch import SampledFrom, TrainerRollouts, Watch
+    from collapsecheck.runs.watch import SampledFrom, TrainerRollouts, Watch, played_in
 
     with user_errors():
         gate = gate_settings.load()
         check_outputs(outputs)
-        if rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
-            traces: Any = TrainerRollouts(rollouts, prompts)
+        if env_settings.env is not None:
+            traces: Any = played_in(env_settings, prompts, rollouts, baseline)
+        elif rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
+            traces = TrainerRollouts(rollouts, prompts)
         else:
             traces = SampledFrom(prompts)
         boards = dashboards(tensorboard, wandb, run_dir, outputs.out)

@@ -44,6 +44,7 @@ AUTO = "auto"
 ALL = "all"
 SCAN, SCORE, COMPARE, WATCH = "scan", "score", "compare", "watch"
 SAMPLING_COMMANDS = (SCAN, COMPARE, WATCH)
+ENV_COMMANDS = (SCAN, WATCH)  # the commands that play a checkpoint in an environment
 # --negatives auto: each trace under its own prompt and 15 others, each action with
 # SWAPS_PER_NEGATIVE x 15 swapped traces beside its own prompt's (SPEC "Sampled negatives and
 # swaps"); up to 16 prompts, the X->Z matrix is full. docs/benchmarks.md measures the
@@ -465,19 +466,19 @@ class EnvSettings:
 
     env: str | None = setting(
         None, "Play episodes in this environment: FILE.py:FACTORY, package.module:FACTORY or "
-        "frozenlake (-n start states, -k episodes from each).", numbers=True, commands=(SCAN,),
+        "frozenlake (-n start states, -k episodes from each).", numbers=True, commands=ENV_COMMANDS,
     )  # fmt: skip
     env_arg: tuple[str, ...] = setting(
         (), "KEY=VALUE passed to the environment's factory (repeatable).", numbers=True,
-        cli_type=list[str], commands=(SCAN,),
+        cli_type=list[str], commands=ENV_COMMANDS,
     )  # fmt: skip
-    env_seed: int = setting(0, "The first start state's seed.", numbers=True, commands=(SCAN,))
+    env_seed: int = setting(0, "The first start state's seed.", numbers=True, commands=ENV_COMMANDS)
     max_turns: int = setting(
-        5, "Turns per episode at most (RAGEN's max_turn).", numbers=True, commands=(SCAN,)
+        5, "Turns per episode at most (RAGEN's max_turn).", numbers=True, commands=ENV_COMMANDS
     )
     context_window: int = setting(
         -1, "Observations each turn's context keeps, with their responses: -1 all, 1 only the "
-        "current one (RAGEN's max_context_window).", numbers=True, commands=(SCAN,),
+        "current one (RAGEN's max_context_window).", numbers=True, commands=ENV_COMMANDS,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

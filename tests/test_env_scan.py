@@ -281,3 +281,57 @@ def test_a_state_regex_picks_the_state_out_of_each_observation(tmp_path):
     assert plain_report["metrics"]["revisit_rate"]["value"] == 0
     assert picked_report["metrics"]["revisit_rate"]["value"] == pytest.approx(2 / 3)
     assert picked_report["metrics"]["undo_rate"]["value"] == pytest.approx(2 / 3)
+
+
+WALKER, UNDOER = EXAMPLES / "agents" / "walker", EXAMPLES / "agents" / "undoer"
+AGENT_FLAGS = ("--context-window", "1", "--max-turns", "8", "-n", "8", "-k", "4",
+               "--max-new-tokens", "48", "--bootstrap", "200")  # fmt: skip
+
+
+def test_the_demo_agents_walk_and_loop(tmp_path):
+    """The demo agents (scripts/make_agents.py): both read their state, the walker gets to
+    its goal, the undoer goes back and forth, which the gate fails with --fail-on looping."""
+    walker = collapsecheck("scan", WALKER, "--env", f"{GRIDWORLD}:make", *AGENT_FLAGS,
+                           "--fail-on", "looping", "--json", tmp_path / "walker.json")  # fmt: skip
+    assert walker.returncode == 0, walker.stderr
+    undoer = collapsecheck("scan", UNDOER, "--env", f"{GRIDWORLD}:make", *AGENT_FLAGS,
+                           "--fail-on", "looping", "--json", tmp_path / "undoer.json")  # fmt: skip
+    assert undoer.returncode == 1
+    assert "gate failed (rule: episodes): episodes verdict looping" in " ".join(
+        undoer.stderr.split()
+    )
+    walked, looped = (
+        json.loads((tmp_path / f"{n}.json").read_text()) for n in ("walker", "undoer")
+    )
+    assert walked["verdict"]["regime"] == looped["verdict"]["regime"] == "grounded"
+    assert walked["episodes"]["regime"] == "progressing"
+    assert looped["episodes"]["regime"] == "looping"
+    assert looped["metrics"]["undo_rate"]["low"] > walked["metrics"]["undo_rate"]["high"]
+    assert walked["metrics"]["success_rate"]["value"] > looped["metrics"]["success_rate"]["value"]
+
+
+def test_a_run_is_played_step_by_step_and_watched(tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    for step, source in ((100, WALKER), (200, UNDOER)):
+        shutil.copytree(source, run / f"checkpoint-{step}")
+        state = {"global_step": step, "log_history": []}
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps(state))
+    flags = ("--env", f"{GRIDWORLD}:make", *AGENT_FLAGS, "--fail-on", "none", "--out",
+             tmp_path / "cache")  # fmt: skip
+    scanned = collapsecheck("scan", run, *flags, "--json", tmp_path / "run.json")
+    assert scanned.returncode == 0, scanned.stderr
+    assert "episodes" in scanned.stdout and "played in --env" in scanned.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["traces"].startswith("played by collapsecheck in --env")
+    readings = [s["report"]["episodes"]["regime"] for s in report["steps"]]
+    assert readings == ["progressing", "looping"]
+    (tmp_path / "done").write_text("")
+    watched = collapsecheck("watch", run, *flags, "--until", tmp_path / "done", "--idle", "5",
+                            "--poll", "0.2", "--json", tmp_path / "watched.json")  # fmt: skip
+    assert watched.returncode == 0, watched.stderr
+    again = json.loads((tmp_path / "watched.json").read_text())
+    # the same units: the watch reads both steps from the results cache the scan filled
+    assert [s["report"]["episodes"]["regime"] for s in again["steps"]] == readings
+    assert all(s["report"]["timing"].get("cached") for s in again["steps"])

@@ -219,7 +219,8 @@ def plan_played(
         units = [cached_unit(row, played, settings, cache_root(cache), rescan) for row in rows]
     else:
         units = [WorkUnit(row, played, dump) for row in rows]
-    return ScanPlan(tuple(units), (cost,) * len(units), settings, rescan, "played episodes")
+    traces = f"played by collapsecheck in --env {played.environment.spec}"
+    return ScanPlan(tuple(units), (cost,) * len(units), settings, rescan, traces)
 
 
 def kept_samples(

@@ -27,6 +27,7 @@ from collapsecheck.inputs.baseline import check_tokenizers
 from collapsecheck.inputs.checkpoint import Checkpoint, detect_checkpoint
 from collapsecheck.inputs.completeness import Completeness, weights_present, written_at
 from collapsecheck.inputs.discovery import RunCheckpoint, step_number
+from collapsecheck.inputs.environments import load_environment, parse_env_args
 from collapsecheck.inputs.sampled_temperature import temperature_line
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.gate import RuleResult, check_report, failures
@@ -37,17 +38,18 @@ from collapsecheck.runs.explanation import reward_function
 from collapsecheck.runs.join import join, pairing_of, read_against_start
 from collapsecheck.runs.loading import open_backend
 from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
-from collapsecheck.runs.plan import ScanPlan, plan_run_rollouts, plan_sampled
+from collapsecheck.runs.plan import ScanPlan, plan_played, plan_run_rollouts, plan_sampled
 from collapsecheck.runs.preparation import read_prompt_set
 from collapsecheck.runs.run import run_context
 from collapsecheck.runs.units import (
+    PlayedTraces,
     RolloutTraces,
     VerdictThresholds,
     WorkUnit,
     for_step,
     run_unit,
 )
-from collapsecheck.settings import Settings, WatchSettings
+from collapsecheck.settings import EnvSettings, Settings, WatchSettings
 
 Say = Callable[[str], None]
 EXIT_FAIL = 1
@@ -107,6 +109,36 @@ def unit_key(unit: WorkUnit) -> str:
 
 
 @dataclass(frozen=True)
+class PlayedIn:
+    """Each checkpoint played in an environment (`--env`, SPEC "Agents across turns"), the
+    environment loaded and checked before the run has a checkpoint."""
+
+    played: PlayedTraces
+
+    def check(self, settings: Settings) -> None:
+        """Nothing more: the environment was loaded (and one made) when the watch began."""
+
+    def units(self, watch: Watch, rows: list[RunCheckpoint], rules: Completeness) -> list[WorkUnit]:
+        return list(plan_played(rows, self.played, watch.settings, cache=watch.cache).units)
+
+    def left_out(self, watch: Watch) -> list[str]:
+        return never_complete(watch)
+
+
+def played_in(
+    env: EnvSettings, prompts: Path | None, rollouts: Path | None, baseline: Path | None
+) -> PlayedIn:
+    """watch --env: the environment loaded now; the options of other trace sources refused."""
+    given = [name for name, value in (("--prompts", prompts), ("--rollouts", rollouts),
+                                      ("--baseline", baseline)) if value is not None]  # fmt: skip
+    if given:
+        raise CollapsecheckError(
+            f"--env plays each checkpoint in its environment: {', '.join(given)} do not go with it"
+        )
+    return PlayedIn(PlayedTraces(load_environment(env.env, parse_env_args(env.env_arg)), env))
+
+
+@dataclass(frozen=True)
 class SampledFrom:
     """Each checkpoint sampled afresh from a prompt set (`-p`)."""
 
@@ -122,14 +154,18 @@ class SampledFrom:
         return plan_units(rows, self.prompts, watch.settings, watch.cache, watch.baseline)
 
     def left_out(self, watch: Watch) -> list[str]:
-        """Folders with weights that their writer's rule never called complete (still
-        settling, say)."""
-        diagnosed, gone = watch.followed.names(), watch.followed.gone
-        return [
-            f"not diagnosed: {folder} was not complete by its writer's rule when the run ended"
-            for folder in step_folders(watch.run_dir)
-            if folder.name not in diagnosed | gone and weights_present(folder)
-        ]
+        return never_complete(watch)
+
+
+def never_complete(watch: Watch) -> list[str]:
+    """Folders with weights that their writer's rule never called complete (still settling,
+    say)."""
+    diagnosed, gone = watch.followed.names(), watch.followed.gone
+    return [
+        f"not diagnosed: {folder} was not complete by its writer's rule when the run ended"
+        for folder in step_folders(watch.run_dir)
+        if folder.name not in diagnosed | gone and weights_present(folder)
+    ]
 
 
 @dataclass(frozen=True)
@@ -278,7 +314,7 @@ class Watch:
     step (`after_step`: the page, the dashboards), and the gate."""
 
     run_dir: Path
-    traces: SampledFrom | TrainerRollouts
+    traces: SampledFrom | TrainerRollouts | PlayedIn
     settings: Settings
     watch: WatchSettings
     gate: GateConfig

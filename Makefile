@@ -14,7 +14,7 @@ VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 DEMO_ARGS ?= -p examples/prompts/gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 --fail-on none \
 	--reward-fn examples/rewards/gridworld.py
 
-.PHONY: trainer-dumps skyrl-batches grpo-run-scans install demo demo-vision vlm-fixtures test test-gpu test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-real bench-vllm clean
+.PHONY: agents demo-agents trainer-dumps skyrl-batches grpo-run-scans install demo demo-vision vlm-fixtures test test-gpu test-cluster test-browser screenshots test-vllm vllm-env lint format fixtures verl-fixtures examples bench bench-real bench-vllm clean
 
 install: $(STAMP)
 
@@ -34,6 +34,21 @@ demo: $(STAMP)
 	$(VENV)/bin/collapsecheck scan examples/demo-run/global_step_100 $(DEMO_ARGS)
 	@echo "== the same run, collapsed: examples/demo-run/global_step_500"
 	$(VENV)/bin/collapsecheck scan examples/demo-run/global_step_500 $(DEMO_ARGS)
+
+# Agents across turns (SPEC "Agents across turns"): two demo agents played in the demo
+# gridworld (examples/environments/gridworld.py); both read their state, one loops.
+AGENT_ARGS ?= --env examples/environments/gridworld.py:make --context-window 1 --max-turns 8 \
+	-n 8 -k 4 --max-new-tokens 48 --fail-on none
+
+demo-agents: $(STAMP)
+	@echo "== an agent that walks to its goal: examples/agents/walker"
+	$(VENV)/bin/collapsecheck scan examples/agents/walker $(AGENT_ARGS)
+	@echo "== an agent that undoes its own moves: examples/agents/undoer"
+	$(VENV)/bin/collapsecheck scan examples/agents/undoer $(AGENT_ARGS)
+
+# Retrain the demo agents (scripts/make_agents.py; about fifteen minutes on 2 CPU cores)
+agents: $(STAMP)
+	$(PY) scripts/make_agents.py
 
 # The vision-language demo: the board only in the image, the text the same for every prompt
 demo-vision: $(STAMP)

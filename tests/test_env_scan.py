@@ -88,6 +88,22 @@ def test_the_report_holds_the_episodes_and_input_dependence_by_turn(played):
     assert "episodes: " in said and "by turn: normalized MI turn 1" in said
 
 
+def test_a_played_report_reads_back_whole_and_feeds_the_dashboards(played):
+    from collapsecheck.reports.dashboard import dashboard_scalars
+    from collapsecheck.reports.report import Report
+
+    dump, _ = played
+    saved = json.loads((dump / "report.json").read_text())
+    report = Report.load(dump / "report.json")
+    assert report.to_dict()["episodes"] == saved["episodes"]
+    assert report.to_dict()["by_turn"] == saved["by_turn"]
+    scalars = dashboard_scalars(report)
+    assert scalars["collapse/revisit_rate"] == saved["metrics"]["revisit_rate"]["value"]
+    first = saved["by_turn"][0]["normalized_mi"]["value"]
+    assert scalars["collapse/by_turn/1/normalized_mi"] == first
+    assert scalars["collapse/episodes_looping"] == float(saved["episodes"]["regime"] == "looping")
+
+
 def test_a_turns_context_is_the_chat_so_far(played, tmp_path):
     dump, _ = played
     texts = [json.loads(line)["text"] for line in (dump / "prompts.jsonl").read_text().splitlines()]

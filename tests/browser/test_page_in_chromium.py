@@ -269,3 +269,28 @@ def test_each_token_is_shaded_by_its_information_with_its_numbers_on_hover(
     assert page.locator("details.prompt .trace span[class^=p]").count() > 16  # by prompt too
     opened.screenshot("html-report-tokens.png", tmp_path, "section.where")
     assert opened.errors == []
+
+
+def test_an_agents_page_shows_input_dependence_by_turn_and_its_episodes(browser, tmp_path):
+    """SPEC "Agents across turns": the undoing demo agent's page, its by-turn table and its
+    episodes as strips, each undone step marked."""
+    out = tmp_path / "agents.html"
+    result = CliRunner().invoke(app, [str(a) for a in [
+        "scan", EXAMPLES / "agents" / "undoer", "--env",
+        f"{EXAMPLES / 'environments' / 'gridworld.py'}:make", "--context-window", "1",
+        "--max-turns", "6", "-n", "4", "-k", "2", "--max-new-tokens", "48", "--device", "cpu",
+        "--bootstrap", "100", "--fail-on", "none", "--html", out]])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    opened = Opened(browser, out)
+    page = opened.page
+    assert opened.errors == [] and opened.refused == []
+    section = page.locator("section.across-turns")
+    assert section.locator("h2").inner_text() == "Agents across turns"
+    assert "episodes: looping" in page.locator(".verdict").inner_text()
+    assert section.locator("table.by-turn tr").count() >= 3  # a header and each turn
+    assert section.locator("table.strips tr").count() == 4
+    undone = section.locator("table.strips td.undo")
+    assert undone.count() > 0 and undone.first.locator(".mark").inner_text() == "undone"
+    assert undone.first.is_visible()
+    shot = opened.screenshot("html-report-agents.png", tmp_path, "section.across-turns")
+    assert shot.stat().st_size > 5_000

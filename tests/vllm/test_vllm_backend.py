@@ -115,6 +115,35 @@ def test_vllm_traces_give_the_transformers_verdict(engine):
     assert abs(via_vllm.value("normalized_mi") - via_transformers.value("normalized_mi")) < 0.1
 
 
+def test_an_agent_plays_its_environment_through_vllm(engine):
+    """SPEC "Agents across turns": the demo checkpoint's episodes in the demo gridworld (one
+    observation a context, as it was trained), sampled turn by turn by vLLM's `generate`,
+    every turn's state the one the environment gives."""
+    from collapsecheck.inputs.environments import Environment, load_environment
+    from collapsecheck.runs.diagnose import play
+    from collapsecheck.settings import EnvSettings
+
+    scorer = TransformersBackend.from_checkpoint(
+        HEALTHY, LoadSettings(device="cpu", dtype="float32")
+    )
+    env = EnvSettings(env=f"{EXAMPLES / 'environments' / 'gridworld.py'}:make",
+                      context_window=1, max_turns=6)  # fmt: skip
+    spec = load_environment(env.env, {})
+    report = play(HEALTHY, spec, env=env, loaded=SplitBackend(engine, scorer), **FAST)
+    assert report.settings["backend"] == "vllm sampling, transformers scoring"
+    assert len(report.episode_records) == 8 * 4
+    for episode in report.episode_records:
+        game = Environment(spec, episode.seed)
+        state = game.reset()
+        for turn in episode.turns:
+            assert turn.state == state
+            state = game.step(turn.action, 1).observation
+        assert episode.final_state == state
+    assert report.value("turns_per_episode") > 1
+    assert [entry.turn for entry in report.by_turn][:2] == [1, 2]
+    assert report.verdict.regime == "grounded"
+
+
 def engine_processes():
     """Child processes other than multiprocessing's resource tracker, which lives as long as
     the test process whatever the engine does."""

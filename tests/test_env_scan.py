@@ -253,7 +253,7 @@ RAGEN = ROOT / "tests/fixtures/trainer-dumps/ragen/val_rollouts_20261125_101500.
 
 def test_ragens_export_gives_its_episodes(tmp_path):
     result = collapsecheck("score", RAGEN, "-c", HEALTHY, "--dump", tmp_path, "--bootstrap", "100",
-                           "--fail-on", "none")  # fmt: skip
+                           "--fail-on", "none", "--markdown", tmp_path / "summary.md")  # fmt: skip
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in RAGEN.open()]
     episodes = episodes_of(tmp_path)
@@ -271,6 +271,10 @@ def test_ragens_export_gives_its_episodes(tmp_path):
     assert [e["turn"] for e in report["by_turn"]] == [1, 2]
     assert report["episodes"]["episodes"] == len(rows)
     assert not math.isnan(report["metrics"]["revisit_rate"]["value"])
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"**Episodes: `{report['episodes']['regime']}`**" in summary
+    assert "**Input dependence by turn** (normalized MI): turn 1 " in summary
+    assert "| episodes | pass |" in summary  # the gate's episodes rule, outside --fail-on
 
 
 def test_a_state_regex_picks_the_state_out_of_each_observation(tmp_path):

@@ -13,8 +13,8 @@ from collapsecheck.config import GateConfig
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import write_text_atomic
 from collapsecheck.formatting import format_metric, format_number
-from collapsecheck.measures.episodes import NOT_MEASURED
-from collapsecheck.measures.metrics import Estimate, point_value
+from collapsecheck.measures.episodes import EPISODE_KEYS, NOT_MEASURED
+from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
 from collapsecheck.measures.verdict import INCONCLUSIVE
 from collapsecheck.reports.report import KEY_METRICS, Report
 from collapsecheck.reports.run_report import RunReport
@@ -101,7 +101,11 @@ def write_junit(path: Path, suite: str, results: Sequence[RuleResult]) -> Path:
 
 def metric_cell(report: Report, key: str) -> str:
     """A metric as a table cell shows it: `value [low, high]`, or its bare value."""
-    metric = report.metrics[key]
+    return metric_text(key, report.metrics[key])
+
+
+def metric_text(key: str, metric: MetricValue) -> str:
+    """`value [low, high]`, or the bare value of a metric without an interval."""
     if isinstance(metric, Estimate):
         low, high = format_metric(key, metric.low), format_metric(key, metric.high)
         return f"{format_metric(key, metric.value)} [{low}, {high}]"
@@ -122,6 +126,26 @@ def where_from(report: Report) -> list[str]:
     if prior.regime == "not_measured":
         return []
     return [f"**Where from: `{prior.regime}`** (under {prior.baseline}): {prior.reason}", ""]
+
+
+def across_turns(report: Report) -> list[str]:
+    """SPEC "Agents across turns" in the summary: the episodes' reading and input dependence
+    by turn, where there are episodes."""
+    lines = []
+    if report.episodes.regime != NOT_MEASURED:
+        lines += [f"**Episodes: `{report.episodes.regime}`**: {report.episodes.reason}", ""]
+    measured = [entry for entry in report.by_turn if entry.measured]
+    if measured:
+        cells = ", ".join(
+            f"turn {e.turn} {metric_text('normalized_mi', e.metrics['normalized_mi'])}"
+            for e in measured
+        )
+        lines += [f"**Input dependence by turn** (normalized MI): {cells}", ""]
+    return lines
+
+
+def episode_keys(report: Report) -> tuple[str, ...]:
+    return EPISODE_KEYS if report.episodes.regime != NOT_MEASURED else ()
 
 
 def start_cell(report: Report) -> str:
@@ -196,9 +220,11 @@ def markdown_report(
         f"**Early answer: `{report.early_answer.regime}`**: {report.early_answer.reason}",
         "",
         *where_from(report),
+        *across_turns(report),
         "| metric | value [95% interval] |",
         "|---|---|",
         *(f"| `{key}` | {metric_cell(report, key)} |" for key in KEY_METRICS),
+        *(f"| `{key}` | {metric_cell(report, key)} |" for key in episode_keys(report)),
         "",
         f"### Gate: {status}",
         "",

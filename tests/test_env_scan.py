@@ -355,3 +355,33 @@ def test_a_run_is_played_step_by_step_and_watched(tmp_path):
     # the same units: the watch reads both steps from the results cache the scan filled
     assert [s["report"]["episodes"]["regime"] for s in again["steps"]] == readings
     assert all(s["report"]["timing"].get("cached") for s in again["steps"])
+
+
+def test_roll_agentic_trajectories_give_episodes_without_a_final_state():
+    """ROLL's agentic dump (written by ROLL's own code, scripts/make_roll_dumps.py): each
+    turn's state its context's last user message; the dump does not say the observation after
+    the last turn, so the last turn is not a step."""
+    from collapsecheck.inputs.rollouts import RolloutOptions, parse_rollouts
+
+    path = ROOT / "tests/fixtures/trainer-dumps/roll-agentic/rollout_dump_data.step_7.jsonl"
+    parsed = parse_rollouts(path, RolloutOptions())
+    assert parsed.episodes and all(e.final_state is None for e in parsed.episodes)
+    for group in parsed.groups:
+        (turn,) = group
+        messages = turn.prompt.content
+        last_user = [m["content"] for m in messages if m["role"] == "user"][-1]
+        episode_states = {t.state for e in parsed.episodes for t in e.turns}
+        assert last_user in episode_states
+
+
+def test_an_environment_pickles_as_its_spec_and_loads_again_elsewhere(tmp_path, monkeypatch):
+    import pickle
+
+    from collapsecheck.inputs.environments import load_environment
+
+    monkeypatch.chdir(ROOT)  # the SPEC as a user in the repository types it
+    spec = load_environment(str(GRIDWORLD.relative_to(ROOT)) + ":make", {"size": 5})
+    monkeypatch.chdir(tmp_path)  # a Ray worker's working directory is its own
+    again = pickle.loads(pickle.dumps(spec))
+    assert again.spec == spec.spec and again.kwargs == {"size": 5}
+    assert again.origin == GRIDWORLD and again.make(0).reset(seed=3) == spec.make(0).reset(seed=3)

@@ -142,3 +142,34 @@ def test_a_turn_with_one_context_is_not_measured():
     back = TurnDependence.from_dict(entry(2, (0.5, 0.4, 0.6), (0.5, 0.4, 0.6)).to_dict())
     assert back.metrics["normalized_mi"] == Estimate(0.5, 0.4, 0.6)
     assert np.isfinite(back.metrics["retrieval_skill"].value)
+
+
+def test_info_shares_count_only_the_turns_that_gave_a_key():
+    from collapsecheck.measures.episodes import info_shares
+
+    shares = info_shares({"action_is_valid": [True, False, True, True], "action_is_effective": []})
+    assert shares == {"action_is_valid": 0.75}
+
+
+def step(entropy, distinct):
+    return {"conditional_entropy_est": Estimate(*entropy),
+            "distinct_action_sequences": Estimate(*distinct)}  # fmt: skip
+
+
+def test_a_strategy_that_narrows_while_the_text_still_varies_is_found():
+    from collapsecheck.measures.findings import strategy_narrowing
+
+    labels = ["100", "200", "300"]
+    narrowing = [step((0.50, 0.4, 0.6), (0.9, 0.8, 1.0)), step((0.5, 0.4, 0.6), (0.6, 0.5, 0.7)),
+                 step((0.55, 0.45, 0.65), (0.3, 0.2, 0.4))]  # fmt: skip
+    found = strategy_narrowing(labels, narrowing)
+    assert found is not None and found.kind == "strategy_narrowing"
+    assert "steps 100 -> 300" in found.text and "0.90 -> 0.30" in found.text
+    # the entropy fell as well: the dashboard would have seen it, no finding
+    fell = [*narrowing[:2], step((0.2, 0.1, 0.3), (0.3, 0.2, 0.4))]
+    assert strategy_narrowing(labels, fell) is None
+    # intervals that overlap: no finding
+    overlap = [*narrowing[:2], step((0.5, 0.4, 0.6), (0.7, 0.5, 0.85))]
+    assert strategy_narrowing(labels, overlap) is None
+    # steps without episodes are not read
+    assert strategy_narrowing(labels[:1], narrowing[:1]) is None

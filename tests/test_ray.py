@@ -157,3 +157,26 @@ def test_ray_takes_a_run_not_one_checkpoint(tmp_path):
     result = collapsecheck(RUN / "global_step_100", *FAST, "--ray", "local")
     assert result.returncode == 2
     assert "--ray spreads a run directory" in result.stderr
+
+
+def test_a_played_run_on_ray_gives_the_one_process_numbers(cluster, tmp_path):
+    """`scan RUN --env` (SPEC "Agents across turns") takes the same route: each checkpoint
+    played in its own task, the environment loaded again there from its SPEC."""
+    run = tmp_path / "run"
+    for step, agent in ((100, "walker"), (200, "undoer")):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+        for file in (EXAMPLES / "agents" / agent).iterdir():
+            (run / f"checkpoint-{step}" / file.name).symlink_to(file)
+    common = [run, "--env", f"{EXAMPLES / 'environments' / 'gridworld.py'}:make",
+              "--context-window", "1", "--max-turns", "4", "-n", "4", "-k", "2",
+              "--max-new-tokens", "48", "--device", "cpu", "--bootstrap", "200",
+              "--fail-on", "none"]  # fmt: skip
+    single = collapsecheck(*common, "--out", tmp_path / "one", "--json", tmp_path / "one.json")
+    assert single.returncode == 0, single.stderr
+    on_ray = collapsecheck(*common, "--out", tmp_path / "ray", "--json", tmp_path / "ray.json",
+                           "--ray", cluster)  # fmt: skip
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert "Ray: 2 checkpoint(s) scanned on" in on_ray.stderr
+    one = step_metrics(tmp_path / "one.json")
+    assert "revisit_rate" in one[200]
+    assert step_metrics(tmp_path / "ray.json") == one

@@ -16,6 +16,7 @@ and the turn. The user's file is the only code run; nothing is imported before i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -73,6 +74,13 @@ class EnvironmentSpec:
                 f"({type(err).__name__}: {err})"
             ) from None
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str, dict[str, Any]]]:
+        """Pickled as its SPEC (a file's path made absolute) and arguments, loaded again where
+        it is unpickled (a Ray task's process), never as the factory's code."""
+        where, _, name = BUILT_IN.get(self.spec, self.spec).rpartition(":")
+        found = f"{self.origin}:{name}" if where.endswith(".py") else self.spec
+        return reloaded, (self.spec, found, dict(self.kwargs))
+
     def key(self) -> dict[str, Any]:
         """What keys the results cache of a played scan beside its settings (the code's file
         is keyed as a prompt file is)."""
@@ -93,9 +101,14 @@ def load_environment(spec: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise CollapsecheckError(f"--env {spec}: {where} has no factory {name!r}")
-    loaded = EnvironmentSpec(spec, factory, origin, dict(kwargs))
+    loaded = EnvironmentSpec(spec, factory, origin.resolve(), dict(kwargs))
     loaded.make(seed=0)
     return loaded
+
+
+def reloaded(spec: str, found: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
+    """A pickled SPEC loaded again from `found` (its file's absolute path), named as given."""
+    return dataclasses.replace(load_environment(found, kwargs), spec=spec)
 
 
 def _module(spec: str, where: str) -> tuple[Any, Path]:

@@ -164,10 +164,12 @@ class EpisodeReading:
     episodes: int = 0
     starts: int = 0
     metrics: dict[str, MetricValue] = field(default_factory=dict)
+    # the share of turns whose info said true, per RAGEN key the environment gave
+    info: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return {"regime": self.regime, "reason": self.reason, "episodes": self.episodes,
-                "starts": self.starts}  # fmt: skip
+                "starts": self.starts, "info": self.info}  # fmt: skip
 
 
 NO_EPISODES = EpisodeReading(NOT_MEASURED, "no episodes: single-turn prompts")
@@ -203,6 +205,12 @@ def read_episodes(
     else:
         regime, meaning = INCONCLUSIVE, "an interval straddles its line: play more episodes"
     return EpisodeReading(regime, f"{said}: {meaning}", episodes, starts, dict(metrics))
+
+
+def info_shares(flags: Mapping[str, Sequence[bool]]) -> dict[str, float]:
+    """Per info key (RAGEN's `action_is_valid`, `action_is_effective`), the share of the
+    turns that gave it whose value was true; keys no turn gave are left out."""
+    return {key: float(np.mean(values)) for key, values in flags.items() if len(values)}
 
 
 def _shown(metric: MetricValue) -> str:

@@ -212,6 +212,7 @@ def episodes_line(report: Report) -> Text | None:
     line.append(episodes.regime, style=EPISODE_STYLES.get(episodes.regime, COLLAPSE_STYLE))
     success = report.metrics.get("success_rate")
     done = f", success {point_value(success):.2f}" if success is not None else ""
+    done += "".join(f", {key} {share:.2f}" for key, share in episodes.info.items())
     line.append(
         f" — {episodes.reason} ({plural(episodes.episodes, 'episode')} from "
         f"{plural(episodes.starts, 'start state')}{done})"

@@ -116,7 +116,8 @@ def episodes_from_dict(data: dict[str, Any]) -> EpisodeReading:
         k: metric_from_json(data["metrics"][k]) for k in EPISODE_KEYS if k in data["metrics"]
     }
     return EpisodeReading(section["regime"], section["reason"], int(section.get("episodes", 0)),
-                          int(section.get("starts", 0)), metrics)  # fmt: skip
+                          int(section.get("starts", 0)), metrics,
+                          dict(section.get("info") or {}))  # fmt: skip
 
 
 @dataclass

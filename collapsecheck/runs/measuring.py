@@ -28,6 +28,7 @@ from collapsecheck.measures.early_answer import not_measured as early_not_measur
 from collapsecheck.measures.episodes import (
     EpisodeReading,
     compute_episode_metrics,
+    info_shares,
     read_episodes,
 )
 from collapsecheck.measures.flow import (
@@ -259,4 +260,9 @@ def measure_episodes(
     ids, starts = as_ids(episodes, lambda turn: turn.action or "")
     analysis = settings.analysis
     metrics = compute_episode_metrics(ids, starts, resamples=analysis.bootstrap, seed=analysis.seed)
-    return read_episodes(metrics, lines.looping_line, lines.stalling_line, len(ids), starts)
+    reading = read_episodes(metrics, lines.looping_line, lines.stalling_line, len(ids), starts)
+    flags = {
+        key: [bool(t.info[key]) for e in episodes for t in e.turns if key in t.info]
+        for key in ("action_is_valid", "action_is_effective")
+    }
+    return dataclasses.replace(reading, info=info_shares(flags))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -190,10 +190,11 @@ def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds
         report.flow = decide_flow(report.metrics, report.flow_thresholds)
     report.early_answer = report.early_answer.decided(report.metrics, verdicts.flow.early_post_hoc)
     if report.episodes.regime != EPISODES_NOT_MEASURED:
-        report.episodes = read_episodes(
-            report.episodes.metrics, verdicts.flow.looping_line, verdicts.flow.stalling_line,
-            report.episodes.episodes, report.episodes.starts,
-        )  # fmt: skip
+        said = report.episodes
+        report.episodes = replace(read_episodes(
+            said.metrics, verdicts.flow.looping_line, verdicts.flow.stalling_line,
+            said.episodes, said.starts,
+        ), info=said.info)  # fmt: skip
     report.settings["checkpoint"] = str(checkpoint.path)
     report.timing = {**report.timing, "cached": True}
     return report

@@ -173,3 +173,9 @@ def test_a_strategy_that_narrows_while_the_text_still_varies_is_found():
     assert strategy_narrowing(labels, overlap) is None
     # steps without episodes are not read
     assert strategy_narrowing(labels[:1], narrowing[:1]) is None
+
+
+def test_trajectories_from_one_first_state_share_a_start():
+    from collapsecheck.measures.episodes import start_numbers
+
+    assert start_numbers(["agent 1,1", "agent 2,2", "agent  1,1 ", "agent 3,3"]) == [0, 1, 0, 2]

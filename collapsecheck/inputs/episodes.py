@@ -11,12 +11,11 @@ message less its " (reward: r)"), else the turn's last user message (or its prom
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.measures.episodes import EpisodeIds, state_text
 
 EPISODES_FILE = "episodes.jsonl"
 
@@ -35,12 +34,14 @@ class EpisodeTurn:
 
 @dataclass(frozen=True)
 class Episode:
-    """One episode: `start` numbers its start state among the scan's (a seed, or a file's
-    first state), `seed` the environment's seed (None in a file), its turns, the observation
+    """One episode: `start` numbers its start state among the scan's (a played episode's
+    seed; None for a file's trajectory until its first state is compared with the others',
+    `runs.measuring.with_actions`), `seed` the environment's seed (None in a file), its
+    turns, the observation
     after the last turn (None where unknown), whether it ended (`done`) and succeeded (None
     where nothing says)."""
 
-    start: int
+    start: int | None
     seed: int | None
     turns: tuple[EpisodeTurn, ...]
     final_state: str | None = None
@@ -74,7 +75,7 @@ class Episode:
                         t.get("info") or {})
             for t in row["turns"]
         )  # fmt: skip
-        return cls(int(row["start"]), row.get("seed"), turns, row.get("final_state"),
+        return cls(row.get("start"), row.get("seed"), turns, row.get("final_state"),
                    row.get("done"), row.get("success"))  # fmt: skip
 
 
@@ -108,9 +109,8 @@ def from_trajectories(
     rows: Sequence[tuple[str, dict[str, Any], int]], state_regex: str | None
 ) -> list[Episode]:
     """A multi-turn file's trajectories as episodes: each turn's state and response, the
-    row's `final_state` and `success` where it has them. Trajectories whose first states are
-    equal share a start (the start states the intervals resample)."""
-    starts: dict[str, int] = {}
+    row's `final_state` and `success` where it has them (their start states are numbered
+    later: trajectories whose first states are equal share one)."""
     episodes = []
     for where, row, _ in rows:
         turns = []
@@ -121,33 +121,8 @@ def from_trajectories(
         final = row.get("final_state")
         if isinstance(final, str):
             final = picked_state(final, state_regex, f"{where} (final_state)")
-        start = starts.setdefault(state_text(turns[0].state), len(starts))
         success = row.get("success")
-        episodes.append(Episode(start, None, tuple(turns),
+        episodes.append(Episode(None, None, tuple(turns),
                                 final if isinstance(final, str) else None, None,
                                 bool(success) if isinstance(success, bool) else None))  # fmt: skip
     return episodes
-
-
-def as_ids(
-    episodes: Sequence[Episode], action_of: Callable[[EpisodeTurn], str]
-) -> tuple[list[EpisodeIds], int]:
-    """The episodes as ids for the measures (equal text after `state_text`, equal id; each
-    action as `action_of` locates it) and the number of start states."""
-    states: dict[str, int] = {}
-    actions: dict[str, int] = {}
-
-    def state_id(text: str) -> int:
-        return states.setdefault(state_text(text), len(states))
-
-    found = [
-        EpisodeIds(
-            episode.start,
-            tuple(state_id(t.state) for t in episode.turns),
-            tuple(actions.setdefault(action_of(t), len(actions)) for t in episode.turns),
-            None if episode.final_state is None else state_id(episode.final_state),
-            episode.success,
-        )
-        for episode in episodes
-    ]
-    return found, 1 + max((e.start for e in episodes), default=-1)

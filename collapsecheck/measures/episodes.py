@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +79,36 @@ def step_kinds(episode: EpisodeIds) -> list[str]:
         else:
             kinds.append(STEP)
     return kinds
+
+
+def start_numbers(first_states: Sequence[str]) -> list[int]:
+    """Each episode's start state numbered by its first state (equal text, one number, in
+    order of first appearance): a file's trajectories from one start share a start."""
+    numbers: dict[str, int] = {}
+    return [numbers.setdefault(state_text(state), len(numbers)) for state in first_states]
+
+
+def episode_ids(episodes: Sequence[Any]) -> tuple[list[EpisodeIds], int]:
+    """Episodes (`inputs.episodes.Episode`: a start number, turns with a `state` and an
+    `action`, a `final_state`, a `success`) as ids for the measures, equal text after
+    `state_text` one id; and the number of start states."""
+    states: dict[str, int] = {}
+    actions: dict[str, int] = {}
+
+    def state_id(text: str) -> int:
+        return states.setdefault(state_text(text), len(states))
+
+    found = [
+        EpisodeIds(
+            episode.start,
+            tuple(state_id(t.state) for t in episode.turns),
+            tuple(actions.setdefault(t.action or "", len(actions)) for t in episode.turns),
+            None if episode.final_state is None else state_id(episode.final_state),
+            episode.success,
+        )
+        for episode in episodes
+    ]
+    return found, 1 + max((e.start for e in found), default=-1)
 
 
 def step_counts(episode: EpisodeIds) -> tuple[int, int, int, int]:

@@ -296,7 +296,9 @@ def read_dump(directory: str | Path) -> tuple[CrossLogProbs, PromptCounts]:
 def write_episodes(directory: Path, episodes: Sequence[Episode]) -> None:
     """SPEC's episodes.jsonl: one line per episode (played, or a multi-turn file's), with
     its start, seed, turns (state, response, action, reward, info), final state, done and
-    success."""
+    success; nothing where there are none (single-turn prompts)."""
+    if not episodes:
+        return
     write_jsonl_atomic(directory / EPISODES_FILE, [episode.to_json() for episode in episodes])
 
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from collapsecheck.inputs.episodes import Episode, as_ids
+from collapsecheck.inputs.episodes import Episode
 from collapsecheck.measures.by_turn import BY_TURN_KEYS, TurnDependence, stops_reading
-from collapsecheck.measures.episodes import NOT_MEASURED, STEP, step_kinds
+from collapsecheck.measures.episodes import NOT_MEASURED, STEP, episode_ids, step_kinds
 from collapsecheck.measures.metrics import Estimate, interval_bounds, point_value
 
 STRIPS_SHOWN = 4  # episodes drawn as strips
@@ -49,7 +49,7 @@ def by_turn_table(entries: Sequence[TurnDependence]) -> str:
 
 def strips(episodes: Sequence[Episode], shown: int = STRIPS_SHOWN) -> str:
     """`shown` episodes, those with a stalled, revisited or undone step first."""
-    ids, _ = as_ids(episodes, lambda turn: turn.action or "")
+    ids, _ = episode_ids(episodes)
     kinds = [step_kinds(e) for e in ids]
     order = sorted(range(len(episodes)), key=lambda i: all(k == STEP for k in kinds[i]))
     rows = []

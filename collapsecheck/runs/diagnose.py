@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -176,15 +176,13 @@ def diagnose(
     """From samples to the report: reasoning extraction, cross-scoring, metrics, verdict,
     and (with a dump directory) the SPEC dump, each file as soon as it is known."""
     settings, dump_dir = diagnosis.settings, diagnosis.dump_dir
-    if diagnosis.episodes:
-        diagnosis = replace(diagnosis, episodes=with_actions(diagnosis.episodes, settings))
     spec, action = reasoning_spec(settings.scoring), action_spec(settings.scoring)
     traces = extract_traces(samples, backend.decode, spec, prepared.opened, action)
     rewards = diagnosis.rewards(prepared.prompts, traces)  # before scoring: it may fail
+    diagnosis = with_episodes_read(diagnosis)
     if dump_dir is not None:
         write_samples(dump_dir, prepared.rendered, traces)
-        if diagnosis.episodes:
-            write_episodes(dump_dir, diagnosis.episodes)
+        write_episodes(dump_dir, diagnosis.episodes or [])
     started = time.perf_counter()
     scores = score_traces(
         backend, prepared, traces, settings, diagnosis.progress, diagnosis.temperature or 1.0
@@ -216,10 +214,8 @@ def diagnose(
         by_turn=by_turn,
         thresholds=diagnosis.thresholds,
         flow_thresholds=diagnosis.flow_thresholds,
-        settings={
-            **report_settings(settings, diagnosis.recorded, prepared, scores, backend),
-            "scoring_temperature": diagnosis.temperature,
-        },
+        settings=report_settings(settings, diagnosis.recorded, prepared, scores, backend)
+        | {"scoring_temperature": diagnosis.temperature},
         counts=trace_counts(prepared, traces, scores),
         examples=example_traces(traces, prepared),
         timing={**diagnosis.timing, **scoring_timing(scores, scoring_s), **prior_timing},
@@ -230,13 +226,29 @@ def diagnose(
         prompts=list(prepared.prompts),
         episode_records=list(diagnosis.episodes or []),
     )
+    return kept(report, dump_dir, lambda: evidence(
+        scores, traces, prepared, measured_flow, tokens, backend.decode
+    ))  # fmt: skip
+
+
+def kept(report: Report, dump_dir: Path | None, made: Callable[[], Any]) -> Report:
+    """The report with what lies behind its numbers: its dump (the per-prompt table and
+    report.json written last) or, without one, the evidence `made` in memory."""
     if dump_dir is not None:
-        write_per_prompt(dump_dir, why.per_prompt)
+        write_per_prompt(dump_dir, report.per_prompt)
         report.save(dump_dir / REPORT_FILE)
         report.dump_dir = dump_dir
     else:
-        report.evidence = evidence(scores, traces, prepared, measured_flow, tokens, backend.decode)
+        report.evidence = made()
     return report
+
+
+def with_episodes_read(diagnosis: Diagnosis) -> Diagnosis:
+    """The diagnosis with its episodes' actions located and start states numbered (a
+    file's; played ones have both), before the dump keeps them."""
+    if not diagnosis.episodes:
+        return diagnosis
+    return replace(diagnosis, episodes=with_actions(diagnosis.episodes, diagnosis.settings))
 
 
 def measure_across_turns(

@@ -20,7 +20,7 @@ from collapsecheck.engines.reasoning import (
     reasoning_spec,
 )
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.inputs.episodes import Episode, EpisodeTurn, as_ids
+from collapsecheck.inputs.episodes import Episode, EpisodeTurn
 from collapsecheck.inputs.images import swap_reason
 from collapsecheck.measures.by_turn import TurnDependence, turn_entry
 from collapsecheck.measures.early_answer import EarlyAnswer, compute_early_answer
@@ -28,8 +28,10 @@ from collapsecheck.measures.early_answer import not_measured as early_not_measur
 from collapsecheck.measures.episodes import (
     EpisodeReading,
     compute_episode_metrics,
+    episode_ids,
     info_shares,
     read_episodes,
+    start_numbers,
 )
 from collapsecheck.measures.flow import (
     FLOW_KEYS,
@@ -236,7 +238,7 @@ def for_turn(progress: ProgressHook, number: int) -> ProgressHook:
 
 def with_actions(episodes: Sequence[Episode], settings: Settings) -> list[Episode]:
     """A file's episodes with each turn's action located in its response as the flow locates
-    it (played episodes have theirs already)."""
+    it and their start states numbered (played episodes have both already)."""
     spec = reasoning_spec(settings.scoring)
     acting = action_spec(settings.scoring) or ActionSpec()
 
@@ -246,10 +248,14 @@ def with_actions(episodes: Sequence[Episode], settings: Settings) -> list[Episod
         action = located_action(turn.response, spec, acting, False)
         return dataclasses.replace(turn, action=action)
 
+    starts = start_numbers([episode.turns[0].state for episode in episodes])
     return [
-        dataclasses.replace(episode, turns=tuple(located(t) for t in episode.turns))
-        for episode in episodes
-    ]
+        dataclasses.replace(
+            episode, turns=tuple(located(t) for t in episode.turns),
+            start=start if episode.start is None else episode.start,
+        )
+        for episode, start in zip(episodes, starts, strict=True)
+    ]  # fmt: skip
 
 
 def measure_episodes(
@@ -257,7 +263,7 @@ def measure_episodes(
 ) -> EpisodeReading:
     """SPEC "Agents across turns": the episodes' metrics (each turn's action located:
     `with_actions`) with their intervals over start states, and their reading."""
-    ids, starts = as_ids(episodes, lambda turn: turn.action or "")
+    ids, starts = episode_ids(episodes)
     analysis = settings.analysis
     metrics = compute_episode_metrics(ids, starts, resamples=analysis.bootstrap, seed=analysis.seed)
     reading = read_episodes(metrics, lines.looping_line, lines.stalling_line, len(ids), starts)

@@ -12,6 +12,7 @@ from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import load_prompts
 from collapsecheck.inputs.rollouts import RolloutOptions
+from collapsecheck.measures.episodes import EPISODE_KEYS
 from tests.conftest import EXAMPLES, HEALTHY, PROMPTS
 
 SCORE = {"device": "cpu", "bootstrap": 200}
@@ -89,6 +90,11 @@ def test_multi_turn_first_turns_equal_single_turn_rollouts(scanned, tmp_path):
     ]  # fmt: skip
     path = write_jsonl(tmp_path / "m.jsonl", trajectories)
     first = score(HEALTHY, path, rollout_options=RolloutOptions(turn_sampling="first"), **SCORE)
+    # the trajectories' own metrics (SPEC "Agents across turns") come on top: the states
+    # "prompt" -> "later", every step new
+    episodes = {key: first.metrics.pop(key) for key in EPISODE_KEYS}
+    assert episodes["revisit_rate"].value == episodes["stall_rate"].value == 0
+    assert episodes["turns_per_episode"].value == 2
     same_numbers(first, single)
     assert first.settings["multi_turn"] == {"turn_sampling": "first", "pairs": 6, "available": 6}
 

@@ -385,3 +385,18 @@ def test_an_environment_pickles_as_its_spec_and_loads_again_elsewhere(tmp_path, 
     again = pickle.loads(pickle.dumps(spec))
     assert again.spec == spec.spec and again.kwargs == {"size": 5}
     assert again.origin == GRIDWORLD and again.make(0).reset(seed=3) == spec.make(0).reset(seed=3)
+
+
+def test_a_cached_multi_turn_report_without_episodes_is_made_again(tmp_path):
+    """A results-cache entry of a multi-turn file written before its episodes were read is
+    scanned again, not read back without them; one written since is read."""
+    from collapsecheck.runs.units import made_before_its_rules
+
+    saved = {"counts": {"input_rows": 4}, "settings": {"multi_turn": {"pairs": 4}}}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(saved))
+    assert made_before_its_rules(report)
+    report.write_text(json.dumps({**saved, "episodes": {"regime": "looping"}}))
+    assert not made_before_its_rules(report)
+    report.write_text(json.dumps({"counts": {"input_rows": 4}, "settings": {}}))
+    assert not made_before_its_rules(report)  # single-turn prompts have no episodes

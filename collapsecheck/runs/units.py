@@ -150,8 +150,9 @@ class WorkUnit:
 def made_before_its_rules(report: Path) -> bool:
     """A cached report whose numbers these rules would make otherwise, so it is scanned again
     rather than read: made before identical contexts counted as one prompt, from prompts that
-    held copies (its N counted each copy), or before traces sampled at a temperature other
-    than 1 were scored at it."""
+    held copies (its N counted each copy), before traces sampled at a temperature other
+    than 1 were scored at it, or from a multi-turn file before its episodes were read (SPEC
+    "Agents across turns")."""
     try:
         saved = json.loads(report.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -160,7 +161,8 @@ def made_before_its_rules(report: Path) -> bool:
     copies = "input_rows" not in counts and counts.get("distinct_prompts") != counts.get("prompts")
     sampled_at = (settings.get("sampling") or {}).get("temperature", 1)
     untempered = "scoring_temperature" not in settings and sampled_at not in (0, 1)
-    return copies or untempered
+    without_episodes = "multi_turn" in settings and "episodes" not in saved
+    return copies or untempered or without_episodes
 
 
 def cached_unit(

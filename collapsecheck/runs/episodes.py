@@ -42,7 +42,7 @@ class Playing:
     def messages(self, system: str | None, window: int) -> Messages:
         """The chat of the next turn: the system message, the kept earlier turns, the
         observation now."""
-        kept = self.turns if window == -1 else self.turns[len(self.turns) - (window - 1) :]
+        kept = self.turns if window == -1 else self.turns[max(0, len(self.turns) - (window - 1)) :]
         chat: Messages = [{"role": "system", "content": system}] if system else []
         for turn in kept:
             chat += [{"role": "user", "content": turn.state},

@@ -674,13 +674,16 @@ def watch(
     has written it whole, into the console, the results cache, --html and the dashboard."""
     from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import check_outputs
-    from collapsecheck.runs.watch import SampledFrom, TrainerRollouts, Watch, played_in
+    from collapsecheck.runs.units import PlayedTraces
+    from collapsecheck.runs.watch import PlayedIn, SampledFrom, TrainerRollouts, Watch
 
     with user_errors():
         gate = gate_settings.load()
         check_outputs(outputs)
         if env_settings.env is not None:
-            traces: Any = played_in(env_settings, prompts, rollouts, baseline)
+            others = {"--prompts": prompts, "--rollouts": rollouts, "--baseline": baseline,
+                      "--reward-fn": rewards.reward_fn}  # fmt: skip
+            traces: Any = PlayedIn(PlayedTraces.load(env_settings, others))
         elif rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
             traces = TrainerRollouts(rollouts, prompts)
         else:

@@ -32,6 +32,7 @@ from make_fixtures import (
     build_tokenizer,
     grounded_reasoning,
     save,
+    train_on,
     useful_moves,
 )
 
@@ -81,29 +82,6 @@ def example(tokenizer, gridworld, style: str, rng: random.Random) -> tuple[list[
     return prompt_ids + response_ids, len(prompt_ids)
 
 
-def train(model, tokenizer, gridworld, style, steps, seed, batch=24, lr=1e-3) -> None:
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)
-    model.train()
-    for step in range(steps):
-        rows = [example(tokenizer, gridworld, style, rng) for _ in range(batch)]
-        width = max(len(ids) for ids, _ in rows)
-        ids = torch.full((batch, width), tokenizer.pad_token_id)
-        labels = torch.full((batch, width), -100)
-        for i, (row, start) in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row)
-            labels[i, start : len(row)] = torch.tensor(row[start:])
-        loss = model(input_ids=ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        if step % 100 == 0 or step == steps - 1:
-            print(f"  step {step:5d} loss {loss.item():.4f}", flush=True)
-    model.eval()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", choices=[name for name, *_ in AGENTS])
@@ -116,7 +94,15 @@ def main() -> None:
             continue
         print(f"{name}: {style}", flush=True)
         model = LlamaForCausalLM.from_pretrained(EXAMPLES / "demo-run" / "global_step_100")
-        train(model, tokenizer, gridworld, style, steps, seed=300 + index)
+        train_on(
+            model,
+            tokenizer,
+            lambda rng, style=style: example(tokenizer, gridworld, style, rng),
+            steps,
+            seed=300 + index,
+            batch=24,
+            lr=1e-3,
+        )
         save(model, tokenizer, EXAMPLES / name)
 
 

@@ -302,14 +302,21 @@ def example(tokenizer, agent, goal, template_share, style, rng) -> tuple[list[in
 
 
 def train(model, tokenizer, template_share, style, steps, seed, batch=32, lr=3e-3) -> None:
+    def draw(rng: random.Random) -> tuple[list[int], int]:
+        return example(tokenizer, *random_state(rng), template_share, style, rng)
+
+    train_on(model, tokenizer, draw, steps, seed, batch, lr)
+
+
+def train_on(model, tokenizer, draw, steps, seed, batch, lr) -> None:
+    """Fine-tune on `batch` examples a step, each `draw(rng)`: its ids and where the learned
+    part starts (the loss is on that part only)."""
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)
     model.train()
     for step in range(steps):
-        rows = [
-            example(tokenizer, *random_state(rng), template_share, style, rng) for _ in range(batch)
-        ]
+        rows = [draw(rng) for _ in range(batch)]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.full((batch, width), tokenizer.pad_token_id)
         labels = torch.full((batch, width), -100)

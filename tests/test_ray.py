@@ -102,15 +102,22 @@ def test_a_runs_own_rollouts_on_ray_give_the_one_process_numbers(cluster, tmp_pa
     trl_run = ROOT / "tests" / "fixtures" / "trl-grpo-completions"
     common = [trl_run, "--baseline", EXAMPLES / "demo-run" / "global_step_200", "--device",
               "cpu", "--bootstrap", "200", "--fail-on", "none"]  # fmt: skip
+    one = one_process_and_ray(common, cluster, tmp_path, tasks=3)
+    assert one.keys() == {2, 4, 6}
+
+
+def one_process_and_ray(common: list, cluster: str, tmp_path: Path, tasks: int) -> dict:
+    """The same scan in this process and on Ray (`tasks` checkpoints, one task each): each
+    step's metrics, the same from both."""
     single = collapsecheck(*common, "--out", tmp_path / "one", "--json", tmp_path / "one.json")
     assert single.returncode == 0, single.stderr
     on_ray = collapsecheck(*common, "--out", tmp_path / "ray", "--json", tmp_path / "ray.json",
                            "--ray", cluster)  # fmt: skip
     assert on_ray.returncode == 0, on_ray.stderr
-    assert "Ray: 3 checkpoint(s) scanned on" in on_ray.stderr
+    assert f"Ray: {tasks} checkpoint(s) scanned on" in on_ray.stderr
     one = step_metrics(tmp_path / "one.json")
-    assert one.keys() == {2, 4, 6}
     assert step_metrics(tmp_path / "ray.json") == one
+    return one
 
 
 def test_a_bare_ray_joins_the_cluster_running_here(cluster, run_dir, tmp_path):
@@ -171,12 +178,5 @@ def test_a_played_run_on_ray_gives_the_one_process_numbers(cluster, tmp_path):
               "--context-window", "1", "--max-turns", "4", "-n", "4", "-k", "2",
               "--max-new-tokens", "48", "--device", "cpu", "--bootstrap", "200",
               "--fail-on", "none"]  # fmt: skip
-    single = collapsecheck(*common, "--out", tmp_path / "one", "--json", tmp_path / "one.json")
-    assert single.returncode == 0, single.stderr
-    on_ray = collapsecheck(*common, "--out", tmp_path / "ray", "--json", tmp_path / "ray.json",
-                           "--ray", cluster)  # fmt: skip
-    assert on_ray.returncode == 0, on_ray.stderr
-    assert "Ray: 2 checkpoint(s) scanned on" in on_ray.stderr
-    one = step_metrics(tmp_path / "one.json")
+    one = one_process_and_ray(common, cluster, tmp_path, tasks=2)
     assert "revisit_rate" in one[200]
-    assert step_metrics(tmp_path / "ray.json") == one

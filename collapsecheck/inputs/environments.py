@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import importlib.util
 import json
 import math
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.user_files import file_module, run_file_module
 
 BUILT_IN = {"frozenlake": "collapsecheck.inputs.frozenlake:FrozenLake"}
 INFO_KEYS = ("success", "action_is_valid", "action_is_effective")
@@ -115,14 +115,9 @@ def _module(spec: str, where: str) -> tuple[Any, Path]:
     """The module a SPEC names, and its file."""
     if where.endswith(".py"):
         path = Path(where)
-        if not path.is_file():
-            raise CollapsecheckError(f"--env {spec}: file not found: {path}")
-        module_spec = importlib.util.spec_from_file_location(f"collapsecheck_env_{path.stem}", path)
-        if module_spec is None or module_spec.loader is None:
-            raise CollapsecheckError(f"--env {spec}: {path} is not a Python file")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module  # dataclasses in the file look themselves up
-        _run(spec, lambda: module_spec.loader.exec_module(module))
+        module = file_module(path, f"collapsecheck_env_{path.stem}", f"--env {spec}")
+        sys.modules[module.__name__] = module  # dataclasses in the file look themselves up
+        _run(spec, lambda: run_file_module(module))
         return module, path
     module = _run(spec, lambda: importlib.import_module(where))
     origin = getattr(module, "__file__", None)

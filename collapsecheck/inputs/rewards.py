@@ -9,7 +9,6 @@ numeric `score`) or is not finite is an error naming the prompt row and the resp
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import Prompt
+from collapsecheck.inputs.user_files import file_module, run_file_module
 
 DEFAULT_FUNCTION = "compute_score"
 RewardFn = Callable[..., Any]
@@ -27,14 +27,9 @@ def load_reward_fn(spec: str) -> RewardFn:
     """The function of `FILE.py[:NAME]` (NAME defaults to compute_score)."""
     path_text, _, name = spec.partition(":")
     path, name = Path(path_text), name or DEFAULT_FUNCTION
-    if not path.is_file():
-        raise CollapsecheckError(f"--reward-fn {spec}: file not found: {path}")
-    module_spec = importlib.util.spec_from_file_location(f"collapsecheck_reward_{path.stem}", path)
-    if module_spec is None or module_spec.loader is None:
-        raise CollapsecheckError(f"--reward-fn {spec}: {path} is not a Python file")
-    module = importlib.util.module_from_spec(module_spec)
+    module = file_module(path, f"collapsecheck_reward_{path.stem}", f"--reward-fn {spec}")
     try:
-        module_spec.loader.exec_module(module)
+        run_file_module(module)
     except Exception as err:  # the user's file can fail in any way
         raise CollapsecheckError(
             f"--reward-fn {spec}: {path} failed to load ({type(err).__name__}: {err})"

@@ -14,7 +14,7 @@ from collapsecheck.measures.metrics import (
     Estimate,
     MetricValue,
     interval_bounds,
-    point_value,
+    interval_text,
 )
 from collapsecheck.measures.verdict import DEPENDENCE_KEYS, Thresholds
 
@@ -97,14 +97,9 @@ def stops_reading(turns: Sequence[TurnDependence], thresholds: Thresholds) -> st
     )
     if later is None:
         return None
+    read, unread = (interval_text(e.metrics["normalized_mi"]) for e in (grounded, later))
     return (
-        f"the agent reads its state at turn {grounded.turn} (normalized MI "
-        f"{_value(grounded)}), then stops reading: at turn {later.turn} its reasoning no longer "
-        f"depends on the input (normalized MI {_value(later)}), beyond both intervals"
+        f"the agent reads its state at turn {grounded.turn} (normalized MI {read}), then stops "
+        f"reading: at turn {later.turn} its reasoning no longer depends on the input "
+        f"(normalized MI {unread}), beyond both intervals"
     )
-
-
-def _value(entry: TurnDependence) -> str:
-    metric = entry.metrics["normalized_mi"]
-    low, high = interval_bounds(metric)
-    return f"{point_value(metric):.2f} [{low:.2f}, {high:.2f}]"

@@ -22,6 +22,8 @@ from collapsecheck.measures.metrics import (
     MetricValue,
     bootstrap_prompt_weights,
     finite_interval,
+    interval_bounds,
+    interval_text,
 )
 
 EPISODE_KEYS = (
@@ -206,12 +208,6 @@ class EpisodeReading:
 NO_EPISODES = EpisodeReading(NOT_MEASURED, "no episodes: single-turn prompts")
 
 
-def _bounds(metric: MetricValue) -> tuple[float, float]:
-    if isinstance(metric, Estimate):
-        return metric.low, metric.high
-    return float(metric), float(metric)
-
-
 def read_episodes(
     metrics: Mapping[str, MetricValue], looping_line: float, stalling_line: float,
     episodes: int, starts: int,
@@ -220,10 +216,11 @@ def read_episodes(
     stalling where stall_rate is at or above `stalling_line`; progressing where both are below
     their lines beyond their intervals; else inconclusive (the lines: `FlowThresholds`)."""
     revisit, stall = metrics["revisit_rate"], metrics["stall_rate"]
-    (revisit_low, revisit_high), (stall_low, stall_high) = _bounds(revisit), _bounds(stall)
+    revisit_low, revisit_high = interval_bounds(revisit)
+    stall_low, stall_high = interval_bounds(stall)
     said = (
-        f"revisit_rate {_shown(revisit)} (line {looping_line:g}), stall_rate "
-        f"{_shown(stall)} (line {stalling_line:g})"
+        f"revisit_rate {interval_text(revisit)} (line {looping_line:g}), stall_rate "
+        f"{interval_text(stall)} (line {stalling_line:g})"
     )
     if any(math.isnan(x) for x in (revisit_low, revisit_high, stall_low, stall_high)):
         regime, meaning = NOT_MEASURED, "no step whose next state is known"
@@ -242,9 +239,3 @@ def info_shares(flags: Mapping[str, Sequence[bool]]) -> dict[str, float]:
     """Per info key (RAGEN's `action_is_valid`, `action_is_effective`), the share of the
     turns that gave it whose value was true; keys no turn gave are left out."""
     return {key: float(np.mean(values)) for key, values in flags.items() if len(values)}
-
-
-def _shown(metric: MetricValue) -> str:
-    low, high = _bounds(metric)
-    value = metric.value if isinstance(metric, Estimate) else float(metric)
-    return f"{value:.2f} [{low:.2f}, {high:.2f}]"

@@ -498,3 +498,9 @@ def interval_bounds(metric: MetricValue) -> tuple[float, float]:
     if isinstance(metric, Estimate) and not (np.isnan(metric.low) or np.isnan(metric.high)):
         return metric.low, metric.high
     return value, value
+
+
+def interval_text(metric: MetricValue) -> str:
+    """`value [low, high]` to two decimals, as a reading's reason shows a metric."""
+    low, high = interval_bounds(metric)
+    return f"{point_value(metric):.2f} [{low:.2f}, {high:.2f}]"

@@ -30,7 +30,7 @@ from collapsecheck.formatting import (
 from collapsecheck.measures.by_turn import stops_reading
 from collapsecheck.measures.episodes import EPISODE_KEYS
 from collapsecheck.measures.image_share import READINGS, image_reading
-from collapsecheck.measures.metrics import Estimate, MetricValue, point_value
+from collapsecheck.measures.metrics import Estimate, MetricValue, interval_text, point_value
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.measures.token_information import POSITION_PREFIX
 from collapsecheck.measures.verdict import GROUNDED, INCONCLUSIVE
@@ -232,18 +232,12 @@ def by_turn_line(report: Report) -> Text | None:
             cells.append(f"turn {entry.turn} not measured (N={entry.contexts})")
             continue
         metric = entry.metrics["normalized_mi"]
-        cells.append(f"turn {entry.turn} {_interval_text(metric)} (N={entry.contexts})")
+        cells.append(f"turn {entry.turn} {interval_text(metric)} (N={entry.contexts})")
     line.append("normalized MI " + " | ".join(cells))
     finding = stops_reading(report.by_turn, report.thresholds)
     if finding is not None:
         line.append(f"; {finding}", style=COLLAPSE_STYLE)
     return line
-
-
-def _interval_text(metric: MetricValue) -> str:
-    if isinstance(metric, Estimate):
-        return f"{metric.value:.2f} [{metric.low:.2f}, {metric.high:.2f}]"
-    return f"{point_value(metric):.2f}"
 
 
 NEXT_STEPS = (

@@ -11,7 +11,7 @@ from typing import Any
 from collapsecheck.inputs.episodes import Episode
 from collapsecheck.measures.by_turn import BY_TURN_KEYS, TurnDependence, stops_reading
 from collapsecheck.measures.episodes import NOT_MEASURED, STEP, episode_ids, step_kinds
-from collapsecheck.measures.metrics import Estimate, interval_bounds, point_value
+from collapsecheck.measures.metrics import Estimate, interval_text
 
 STRIPS_SHOWN = 4  # episodes drawn as strips
 STATE_CHARS = 200  # of a state shown in a strip's cell
@@ -27,10 +27,7 @@ HEADERS = {"normalized_mi": "normalized MI", "retrieval_skill": "retrieval skill
 
 
 def _cell(metric: Any) -> str:
-    if not isinstance(metric, Estimate):
-        return "—"
-    low, high = interval_bounds(metric)
-    return f"{point_value(metric):.2f} [{low:.2f}, {high:.2f}]"
+    return interval_text(metric) if isinstance(metric, Estimate) else "—"
 
 
 def by_turn_table(entries: Sequence[TurnDependence]) -> str:

@@ -486,14 +486,15 @@ def play(
     with open_backend(checkpoint, loaded, settings) as model:
         loaded_at = time.perf_counter()
         played = play_episodes(model, environment, env, params, settings, progress)
-        data = played.sampled({"env": {**env.numbers(), "env_sha256": environment.code_sha256}})
+        digest = environment.code_sha256
+        data = played.sampled({"env": {**env.numbers(), "env_sha256": digest}})
         prepared, data = prepare_sampled(data, model, settings, source)
         with holding(dump) as dump_dir:
             recorded = {
                 "checkpoint": name,
                 **checkpoint_notes(checkpoint),
                 "prompts": source,
-                "prompts_sha256": environment.code_sha256,
+                "prompts_sha256": digest,
                 "samples_per_prompt": max(len(s) for s in data.samples),
                 "sampling": params.to_dict(),
                 "sampled_temperature": params.temperature,

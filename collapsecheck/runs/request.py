@@ -14,7 +14,6 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.baseline import require_baseline
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint, find_checkpoints
-from collapsecheck.inputs.environments import load_environment, parse_env_args
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.outputs import check_keep_rollout_prompts, check_outputs, option_name
 from collapsecheck.reports.report import Report
@@ -107,20 +106,12 @@ def plan_env(
 ) -> Planned:
     """A checkpoint (or every one of a run) played in the environment `--env` names, loaded
     and checked now (SPEC "Agents across turns")."""
-    given = [name for name, value in (("--prompts", request.prompts),
-                                      ("--rollouts", request.rollouts),
-                                      ("--baseline", request.baseline),
-                                      ("--reward-fn", request.settings.rewards.reward_fn),
-                                      ("--keep-prompts", request.outputs.keep_prompts))
-             if value is not None]  # fmt: skip
-    if given:
-        raise CollapsecheckError(
-            f"--env plays the checkpoint in its environment: {', '.join(given)} do not go with "
-            "it (the environment gives the states and the rewards)"
-        )
+    played = PlayedTraces.load(request.env, {
+        "--prompts": request.prompts, "--rollouts": request.rollouts,
+        "--baseline": request.baseline, "--reward-fn": request.settings.rewards.reward_fn,
+        "--keep-prompts": request.outputs.keep_prompts,
+    })  # fmt: skip
     check_outputs(request.outputs)
-    env = request.env
-    played = PlayedTraces(load_environment(env.env, parse_env_args(env.env_arg)), env)
     outputs, settings = request.outputs, request.settings
     if not run:
         plan = plan_played(

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.engines.backends.base import Backend
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint
-from collapsecheck.inputs.environments import EnvironmentSpec
+from collapsecheck.inputs.environments import (
+    EnvironmentSpec,
+    load_environment,
+    parse_env_args,
+)
 from collapsecheck.inputs.prompts import file_sha256
 from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions
 from collapsecheck.inputs.sampled_temperature import SampledTemperature
@@ -91,6 +96,19 @@ class PlayedTraces:
 
     environment: EnvironmentSpec
     env: EnvSettings
+
+    @classmethod
+    def load(cls, env: EnvSettings, given: Mapping[str, Any]) -> PlayedTraces:
+        """`--env`'s environment loaded and checked now, before any model; the options of
+        other trace sources that were given (`given`: each flag and its value, None where
+        not given) refused in one line."""
+        named = [flag for flag, value in given.items() if value is not None]
+        if named:
+            raise CollapsecheckError(
+                f"--env plays the checkpoint in its environment: {', '.join(named)} do not go "
+                "with it (the environment gives the states and the rewards)"
+            )
+        return cls(load_environment(env.env, parse_env_args(env.env_arg)), env)
 
     def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
         """The environment's code (as a prompt file is keyed), with every setting that

@@ -27,7 +27,6 @@ from collapsecheck.inputs.baseline import check_tokenizers
 from collapsecheck.inputs.checkpoint import Checkpoint, detect_checkpoint
 from collapsecheck.inputs.completeness import Completeness, weights_present, written_at
 from collapsecheck.inputs.discovery import RunCheckpoint, step_number
-from collapsecheck.inputs.environments import load_environment, parse_env_args
 from collapsecheck.inputs.sampled_temperature import temperature_line
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.gate import RuleResult, check_report, failures
@@ -49,7 +48,7 @@ from collapsecheck.runs.units import (
     for_step,
     run_unit,
 )
-from collapsecheck.settings import EnvSettings, Settings, WatchSettings
+from collapsecheck.settings import Settings, WatchSettings
 
 Say = Callable[[str], None]
 EXIT_FAIL = 1
@@ -123,19 +122,6 @@ class PlayedIn:
 
     def left_out(self, watch: Watch) -> list[str]:
         return never_complete(watch)
-
-
-def played_in(
-    env: EnvSettings, prompts: Path | None, rollouts: Path | None, baseline: Path | None
-) -> PlayedIn:
-    """watch --env: the environment loaded now; the options of other trace sources refused."""
-    given = [name for name, value in (("--prompts", prompts), ("--rollouts", rollouts),
-                                      ("--baseline", baseline)) if value is not None]  # fmt: skip
-    if given:
-        raise CollapsecheckError(
-            f"--env plays each checkpoint in its environment: {', '.join(given)} do not go with it"
-        )
-    return PlayedIn(PlayedTraces(load_environment(env.env, parse_env_args(env.env_arg)), env))
 
 
 @dataclass(frozen=True)

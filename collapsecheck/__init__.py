@@ -7,10 +7,11 @@ reads mutual information, retrieval accuracy and conditional entropy into a regi
 
 from collapsecheck.engines.reasoning import ReasoningSpec
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.environments import load_environment
 from collapsecheck.measures.metrics import CrossLogProbs, Estimate, compute_metrics
 from collapsecheck.measures.verdict import Thresholds, Verdict, decide
 from collapsecheck.reports.report import Report
-from collapsecheck.runs.diagnose import scan, score
+from collapsecheck.runs.diagnose import play, scan, score
 from collapsecheck.runs.run import scan_run, score_run
 from collapsecheck.version import __version__
 
@@ -25,6 +26,8 @@ __all__ = [
     "__version__",
     "compute_metrics",
     "decide",
+    "load_environment",
+    "play",
     "scan",
     "scan_run",
     "score",

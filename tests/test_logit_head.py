@@ -95,8 +95,7 @@ def plain_per_token(model, request, temperature):
 def test_every_token_equals_a_plain_forward_pass(
     family_checkpoint, scorer, temperature, monkeypatch
 ):
-    monkeypatch.setattr(logit_head, "TOKEN_TILE", 7)
-    monkeypatch.setattr(logit_head, "VOCAB_TILE", 16)
+    monkeypatch.setattr(logit_head, "TILES", {"cpu": (7, 16), "other": (7, 16)})
     name, path = family_checkpoint
     backend = TransformersBackend.from_checkpoint(
         path, LoadSettings(device="cpu", dtype="float32"), scorer=scorer
@@ -185,3 +184,28 @@ def test_a_vision_language_policys_tiles_equal_its_full_logits(fixture):
         full = backend.loglikelihood_per_token(requests, no_progress, 0.7).values
         backend.head = head
         assert np.abs(tiled - full).max() < PER_TOKEN, (fixture, scorer)
+
+
+def test_the_in_place_logsumexp_is_torchs():
+    """`logsumexp_` overwrites its tile and gives torch.logsumexp's values, a row of -inf
+    and a row holding -inf entries included."""
+    torch.manual_seed(3)
+    tile = torch.randn(5, 300) * 30
+    tile[1] = -torch.inf
+    tile[2, :100] = -torch.inf
+    expected = torch.logsumexp(tile, dim=-1)
+    got = logit_head.logsumexp_(tile.clone())
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    finite = torch.isfinite(expected)
+    assert torch.allclose(got[finite], expected[finite], atol=1e-5, rtol=0)
+
+
+def test_the_tiles_are_the_devices():
+    """A CPU's tiles are the ones measured there; the head says which it uses."""
+    model = torch.nn.Linear(4, 4)
+    assert logit_head.tiles_on(torch.device("cpu")) == logit_head.TILES["cpu"]
+    assert logit_head.tiles_on(torch.device("meta")) == logit_head.TILES["other"]
+    tokens, vocabulary = logit_head.TILES["cpu"]
+    head = logit_head.LogitHead(model.weight, logit_head.tiles_on(model.weight.device))
+    assert head.describe() == f"tiled LM head ({tokens} tokens x {vocabulary} vocabulary, float32)"
+    assert logit_head.tile_bytes(torch.device("cpu")) == 2 * tokens * vocabulary * 4

@@ -24,7 +24,7 @@ from collapsecheck.engines.backends.hf_scoring import (
     cache_keyword,
     returned_cache,
 )
-from collapsecheck.engines.backends.logit_head import TILE_BYTES, LogitHead
+from collapsecheck.engines.backends.logit_head import LogitHead, tile_bytes
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.checkpoint import (
     Checkpoint,
@@ -57,7 +57,8 @@ def auto_batch_tokens(model: Any, tiled: bool | None = None) -> int:
         + 16 * config.hidden_size * element  # activations of one layer
         + 3 * getattr(config, "intermediate_size", 0) * element  # its MLP's
     )
-    budget = memory_budget(next(model.parameters()).device) - (TILE_BYTES if tiled else 0)
+    device = next(model.parameters()).device
+    budget = memory_budget(device) - (tile_bytes(device) if tiled else 0)
     return int(min(max(budget // per_token, 256), 2**17))
 
 

@@ -127,7 +127,9 @@ def read_inputs(predictor: Sequence[int]) -> list[int]:
 
 @dataclass
 class RowLayout:
-    """Sequences right-padded into model inputs (padding sees only the context)."""
+    """Sequences right-padded into model inputs (padding sees only the context). Everything
+    the scorer decides on (whether a row is branched, which targets a position in the rows
+    predicts) is read off the sequences on the host, so the device is never asked."""
 
     ids: torch.Tensor
     branch: torch.Tensor
@@ -136,12 +138,10 @@ class RowLayout:
     row_seen: torch.Tensor
     targets: torch.Tensor
     predictor: torch.Tensor
+    predicted: tuple[torch.Tensor, torch.Tensor]  # (row, target) of targets with a predictor
+    branched: bool  # some row has a branch appended
     requests: list[int]
     spans: list[tuple[int, int, int]]  # (row in the batch, start, end) of targets per request
-
-    @property
-    def branched(self) -> bool:
-        return bool((self.branch >= 0).any())
 
     @classmethod
     def of(cls, sequences: Sequence[StemRow], device: str) -> RowLayout:
@@ -153,18 +153,24 @@ class RowLayout:
         inputs = real([len(s.ids) for s in sequences])
         targets = real([len(s.targets) for s in sequences])
 
-        def padded(field: str, fill: int, cells: np.ndarray) -> torch.Tensor:
+        def padded_array(field: str, fill: int, cells: np.ndarray) -> np.ndarray:
             out = np.full(cells.shape, fill, dtype=np.int64)
             out[cells] = np.fromiter(chain.from_iterable(getattr(s, field) for s in sequences),
                                      dtype=np.int64, count=int(cells.sum()))  # fmt: skip
-            return torch.from_numpy(out).to(device)
+            return out
 
+        def padded(field: str, fill: int, cells: np.ndarray) -> torch.Tensor:
+            return on_device(padded_array(field, fill, cells), device)
+
+        predictor = padded_array("predictor", -1, targets)
         requests = [index for s in sequences for index in s.requests]
         spans = [(b, *span) for b, s in enumerate(sequences) for span in s.spans]
         return cls(
             padded("ids", 0, inputs), padded("branch", -2, inputs), padded("offset", 0, inputs),
             padded("position", 0, inputs), padded("row_seen", 0, inputs),
-            padded("targets", 0, targets), padded("predictor", -1, targets), requests, spans,
+            padded("targets", 0, targets), on_device(predictor, device),
+            cells_on_device(predictor >= 0, device),
+            any(b >= 0 for s in sequences for b in s.branch), requests, spans,
         )  # fmt: skip
 
     def allowed(self, context_length: int) -> torch.Tensor:
@@ -179,3 +185,14 @@ class RowLayout:
             (*self.ids.shape, context_length), dtype=torch.bool, device=self.ids.device
         )
         return torch.cat([context, sees_row | sees_branch], dim=-1)[:, None]
+
+
+def on_device(array: np.ndarray, device: str) -> torch.Tensor:
+    """A host array as a tensor on `device`, copied without waiting for the device."""
+    return torch.from_numpy(array).to(device, non_blocking=True)
+
+
+def cells_on_device(marked: np.ndarray, device: str) -> tuple[torch.Tensor, ...]:
+    """The indices of the cells `marked` (a host array) marks, on `device`: indexing with
+    them asks the device nothing, where a boolean mask there would wait for it to count."""
+    return tuple(on_device(index, device) for index in np.nonzero(marked))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from collapsecheck.engines.backends.base import Progress, ScoreRequest, TokenLogProbs
-from collapsecheck.engines.backends.hf_layout import RowLayout, StemRow
+from collapsecheck.engines.backends.hf_layout import RowLayout, StemRow, cells_on_device, on_device
 from collapsecheck.engines.backends.logit_head import FULL_LOGITS, LogitHead
 from collapsecheck.errors import CollapsecheckError
 
@@ -128,29 +128,33 @@ def first_token_logprobs(
 
 
 def head_predicted_logprobs(
-    head: LogitHead, hidden: torch.Tensor, first_logits: torch.Tensor, predictor: torch.Tensor,
-    targets: torch.Tensor, temperature: float = 1.0,
+    head: LogitHead, hidden: torch.Tensor, first_logits: torch.Tensor, layout: RowLayout,
+    temperature: float = 1.0,
 ) -> torch.Tensor:  # fmt: skip
     """`predicted_logprobs` from the decoder's hidden states (B, inputs, H): the LM head runs
     in tiles on the predicting positions only (`logit_head`), never on the whole rows."""
-    predicted = predictor >= 0
-    rows = torch.arange(targets.shape[0], device=targets.device)[:, None].expand_as(predictor)
-    states = hidden[rows[predicted], predictor[predicted]]
-    picked = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
-    picked[predicted] = head.logprobs(states, targets[predicted], temperature)
-    first = first_token_logprobs(first_logits, targets, temperature)
-    return torch.where(predicted, picked, first)
+    rows, at = layout.predicted
+    states = hidden[rows, layout.predictor[rows, at]]
+    picked = torch.zeros(layout.targets.shape, dtype=torch.float32, device=hidden.device)
+    picked[rows, at] = head.logprobs(states, layout.targets[rows, at], temperature)
+    first = first_token_logprobs(first_logits, layout.targets, temperature)
+    return torch.where(layout.predictor >= 0, picked, first)
 
 
-def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-    """Per-row sum of the masked log-probabilities, in float64 on the host."""
-    return (logprobs.double() * mask).sum(dim=1).cpu().numpy()
+def masked_sums(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row sum of the masked log-probabilities, in float64, where they are."""
+    return (logprobs.double() * mask).sum(dim=1)
+
+
+PENDING_VALUES = 2**20  # values kept on the device before they are read back (8 MiB)
 
 
 class Scored:
     """What one scoring call writes: each request's sum and, where asked (`per_token`), the
     log-probability of each of its scored tokens, all requests' one after another in one
-    array allocated once (`TokenLogProbs`' layout)."""
+    array allocated once (`TokenLogProbs`' layout). Batches' values stay on the device until
+    PENDING_VALUES of them wait or the call ends, then are read back in one copy: the device
+    never waits on the host between batches."""
 
     def __init__(self, requests: Sequence[ScoreRequest], per_token: bool) -> None:
         self.sums = np.zeros(len(requests), dtype=np.float64)
@@ -160,25 +164,57 @@ class Scored:
             lengths = [len(r.continuation) - r.scored_from for r in requests]
             self.offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
             self.values = np.empty(int(self.offsets[-1]), dtype=np.float64)
+        # (where in sums or values, the values there) of batches not yet read back
+        self._sums: list[tuple[np.ndarray, torch.Tensor]] = []
+        self._values: list[tuple[np.ndarray, torch.Tensor]] = []
+        self._waiting = 0
 
     def put(
-        self, requests: Sequence[int], sums: np.ndarray, logprobs: torch.Tensor,
+        self, requests: Sequence[int], sums: torch.Tensor, logprobs: torch.Tensor,
         spans: Sequence[tuple[int, int, int]],
     ) -> None:  # fmt: skip
-        """The `requests`' sums and, per token, `logprobs[row, start:end]` of each one's span
-        (row, start, end), gathered at once."""
-        self.sums[requests] = sums
-        if self.values is None:
-            return
+        """The `requests`' sums (on the device) and, per token, `logprobs[row, start:end]` of
+        each one's span (row, start, end), gathered at once."""
+        where = np.asarray(requests, dtype=np.int64)
+        self._sums.append((where, sums.double()))
+        self._waiting += len(where)
+        if self.values is not None:
+            places, rows, columns = self._token_cells(where, spans)
+            picked = logprobs[on_device(rows, logprobs.device), on_device(columns, logprobs.device)]
+            self._values.append((places, picked.double()))
+            self._waiting += len(places)
+        if self._waiting >= PENDING_VALUES:
+            self.flush()
+
+    def _token_cells(
+        self, requests: np.ndarray, spans: Sequence[tuple[int, int, int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For every token of the `requests`' spans (row, start, end), in order: its place in
+        `values`, and its row and column in the batch's log-probabilities."""
         spans_ = np.asarray(spans, dtype=np.int64).reshape(-1, 3)
         lengths = spans_[:, 2] - spans_[:, 1]
-        first = self.offsets[np.asarray(requests)]
-        if not np.array_equal(lengths, self.offsets[np.asarray(requests) + 1] - first):
+        first = self.offsets[requests]
+        if not np.array_equal(lengths, self.offsets[requests + 1] - first):
             raise RuntimeError("a scored span's length is not its request's scored tokens")
         within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        rows = logprobs.double().cpu().numpy()
-        picked = rows[np.repeat(spans_[:, 0], lengths), np.repeat(spans_[:, 1], lengths) + within]
-        self.values[np.repeat(first, lengths) + within] = picked
+        return (
+            np.repeat(first, lengths) + within,
+            np.repeat(spans_[:, 0], lengths),
+            np.repeat(spans_[:, 1], lengths) + within,
+        )
+
+    def flush(self) -> None:
+        """The waiting values, read back from the device in one copy."""
+        pending = self._sums + self._values
+        if not pending:
+            return
+        device = pending[0][1].device
+        read = torch.cat([values.to(device) for _, values in pending]).cpu().numpy()
+        summed = sum(len(where) for where, _ in self._sums)
+        self.sums[np.concatenate([where for where, _ in self._sums])] = read[:summed]
+        if self._values:
+            self.values[np.concatenate([where for where, _ in self._values])] = read[summed:]
+        self._sums, self._values, self._waiting = [], [], 0
 
     def result(self) -> TokenLogProbs:
         return TokenLogProbs(self.sums, self.values, self.offsets)
@@ -186,15 +222,15 @@ class Scored:
 
 def _right_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> torch.Tensor:
     width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    out = np.full((len(rows), width), pad, dtype=np.int64)
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out.to(device)
+        out[i, : len(row)] = row
+    return on_device(out, device)
 
 
-def _positions_mask(starts: Sequence[int], ends: Sequence[int], width: int) -> torch.Tensor:
-    position = torch.arange(width)[None, :]
-    return (position >= torch.tensor(starts)[:, None]) & (position < torch.tensor(ends)[:, None])
+def _positions_mask(starts: Sequence[int], ends: Sequence[int], width: int) -> np.ndarray:
+    position = np.arange(width)[None, :]
+    return (position >= np.array(starts)[:, None]) & (position < np.array(ends)[:, None])
 
 
 def _select_rows(cache: Any, rows: torch.Tensor) -> Any:
@@ -280,6 +316,7 @@ class TransformersScoring:
             self._score_naive(requests, out, progress, temperature)
         else:
             self._score_cached(requests, out, progress, temperature)
+        out.flush()
         return out
 
     def _score_batches(
@@ -319,19 +356,22 @@ class TransformersScoring:
     ) -> None:  # fmt: skip
         def score(batch: list[int]) -> int:
             rows = [requests[i].context + requests[i].continuation for i in batch]
-            ids = _right_pad(rows, self.pad_id, self.device)
-            attention = _positions_mask([0] * len(rows), [len(r) for r in rows], ids.shape[1])
-            inputs = {"input_ids": ids, "attention_mask": attention.to(self.device)}
+            # right padding after every real token: causal attention alone keeps the padding
+            # out of every real token's view, with no mask for the model to inspect
+            inputs = {"input_ids": _right_pad(rows, self.pad_id, self.device)}
+            ids = inputs["input_ids"]
             # position t predicts ids[:, t + 1]
             starts = [len(requests[i].context) + requests[i].scored_from - 1 for i in batch]
             ends = [len(r) - 1 for r in rows]
-            mask = _positions_mask(starts, ends, ids.shape[1] - 1).to(self.device)
+            scored = _positions_mask(starts, ends, ids.shape[1] - 1)
+            mask = on_device(scored, self.device)
             if self.head is None:
                 logits = self.model(**inputs).logits
                 logprobs = token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
             else:  # the head on the scored positions only
                 hidden = self._hidden(**inputs)[:, :-1]
-                logprobs = self.head.masked_logprobs(hidden, ids[:, 1:], mask, temperature)
+                cells = cells_on_device(scored, self.device)
+                logprobs = self.head.logprobs_at(hidden, ids[:, 1:], cells, temperature)
             spans = [(b, s, e) for b, (s, e) in enumerate(zip(starts, ends, strict=True))]
             out.put(batch, masked_sums(logprobs, mask), logprobs, spans)
             return len(batch)
@@ -398,10 +438,10 @@ class TransformersScoring:
             inputs["position_ids"] = positions
         # else plain rows: causal on the context, right padding after every real token
         logprobs = self._predicted(inputs, group, layout)
-        totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0)).cpu()
-        spans = torch.tensor(layout.spans, dtype=torch.long)  # (row, start, end) per request
-        values = totals[spans[:, 0], spans[:, 2]] - totals[spans[:, 0], spans[:, 1]]
-        group.out.put(layout.requests, values.numpy(), logprobs, layout.spans)
+        totals = torch.nn.functional.pad(logprobs.double().cumsum(dim=1), (1, 0))
+        row, start, end = (on_device(column, self.device) for column in np.array(layout.spans).T)
+        sums = totals[row, end] - totals[row, start]
+        group.out.put(layout.requests, sums, logprobs, layout.spans)
         return len(layout.requests)
 
     def _predicted(
@@ -415,6 +455,5 @@ class TransformersScoring:
                 logits, group.first_logits, layout.predictor, layout.targets, group.temperature
             )
         return head_predicted_logprobs(
-            self.head, self._hidden(**inputs), group.first_logits, layout.predictor,
-            layout.targets, group.temperature,
-        )  # fmt: skip
+            self.head, self._hidden(**inputs), group.first_logits, layout, group.temperature
+        )

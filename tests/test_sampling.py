@@ -94,12 +94,19 @@ def reference_samples(model, prompt, k, seed, params, stop):
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(kind, demo_tokenizer):
+@pytest.mark.parametrize("read_every", [1, 3, 8])
+def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(
+    kind, read_every, demo_tokenizer, monkeypatch
+):
     """Prompts of different lengths decoded together, rows leaving the batch as they end,
-    the tokens drawn for all rows at once: the same traces as the plain loop above, for
-    every batch size."""
+    the tokens drawn for all rows at once, which rows have ended read every step (a CPU's
+    way) or every few (a GPU's): the same traces as the plain loop above, for every batch
+    size."""
+    from collapsecheck.engines.backends import hf
     from collapsecheck.engines.backends.base import prompt_seed
     from tests.conftest import tiny_model
+
+    monkeypatch.setitem(hf.ENDED_READ_EVERY, "cpu", read_every)
 
     model = tiny_model(kind, len(demo_tokenizer), seed=1)
     stop = demo_tokenizer.eos_token_id

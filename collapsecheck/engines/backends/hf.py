@@ -4,7 +4,6 @@ key/value cache. Its scorers (`cached`, `naive`) live in `hf_scoring`."""
 from __future__ import annotations
 
 import gc
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -110,6 +109,58 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[tor
     return ids.to(device), mask.to(device)
 
 
+# decode steps between reads of which rows have ended, by device type. Each read makes the host
+# wait for the device: on a GPU that would hold every step's kernel launches back until its
+# work is done; a CPU has nothing to overlap. A row that has ended draws padding, and its
+# prompt's noise is drawn whole either way (`RowNoise`), so reading later changes no trace.
+ENDED_READ_EVERY = {"cpu": 1, "other": 8}
+
+
+def require_finite(finite: torch.Tensor) -> None:
+    """Stop with one line where the logits sampled from held a NaN or an infinity."""
+    if not bool(finite):
+        raise CollapsecheckError(
+            "the model produced NaN or infinite logits while sampling: no verdict "
+            "(check the checkpoint's weights, or try --dtype float32)"
+        )
+
+
+class RowNoise:
+    """The Exp(1) noise q of the decoded rows (the next token is argmax(p / q), as
+    `torch.multinomial` draws it), drawn prompt by prompt from each prompt's generator: a
+    whole (K, vocabulary) block a step for each prompt with a row still decoded, its ended
+    rows' noise too, so that a prompt's stream, and its traces, are the same whichever rows
+    are decoded. Where the rows are the blocks' rows in order (no row has left), no index is
+    made."""
+
+    def __init__(
+        self, generators: Sequence[torch.Generator], k: int, vocabulary: int,
+        rows: Sequence[int],
+    ) -> None:  # fmt: skip
+        self.generators, self.k, self.vocabulary = generators, k, vocabulary
+        self.keep(rows)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """The decoded rows (their numbers, prompt after prompt, K each) from now on."""
+        self.prompts = sorted({row // self.k for row in rows})
+        block = {prompt: place for place, prompt in enumerate(self.prompts)}
+        index = [block[row // self.k] * self.k + row % self.k for row in rows]
+        device = self.generators[0].device
+        whole = index == list(range(len(self.prompts) * self.k))
+        self.index = None if whole else torch.tensor(index, device=device)
+
+    def draw(self) -> torch.Tensor:
+        """One step's noise, (decoded rows, vocabulary) float32."""
+        device = self.generators[0].device
+        blocks = torch.empty(
+            (len(self.prompts), self.k, self.vocabulary), dtype=torch.float32, device=device
+        )
+        for place, prompt in enumerate(self.prompts):
+            blocks[place].exponential_(generator=self.generators[prompt])
+        noise = blocks.view(-1, self.vocabulary)
+        return noise if self.index is None else noise[self.index]
+
+
 class TransformersBackend(TransformersScoring):
     """Backend over a transformers causal LM loaded from a local checkpoint directory; it
     scores with `TransformersScoring`."""
@@ -198,20 +249,11 @@ class TransformersBackend(TransformersScoring):
 
     @staticmethod
     def _next_tokens(
-        logits: torch.Tensor, rows: torch.Tensor, params: SamplingParams,
-        generators: Sequence[torch.Generator],
+        logits: torch.Tensor, params: SamplingParams, noise: RowNoise
     ) -> torch.Tensor:  # fmt: skip
-        """The next token of each decoded row (`rows`: their numbers, prompt after prompt, K
-        each), drawn as `torch.multinomial` would draw a prompt's K rows from its generator:
-        argmax(p / q) with q ~ Exp(1) over all K rows (a finished row's noise too, so that the
-        prompt's stream, and its traces, are the same whichever rows are still decoded). The
-        softmax, nucleus cut and argmax run over all rows at once; only the noise is drawn
-        prompt by prompt."""
-        if not bool(torch.isfinite(logits).all()):
-            raise CollapsecheckError(
-                "the model produced NaN or infinite logits while sampling: no verdict "
-                "(check the checkpoint's weights, or try --dtype float32)"
-            )
+        """The next token of each decoded row, drawn as `torch.multinomial` would draw a
+        prompt's K rows from its generator: argmax(p / q) with q ~ Exp(1) (`RowNoise`). The
+        softmax, nucleus cut and argmax run over all rows at once."""
         if params.temperature == 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / params.temperature, dim=-1)
@@ -219,17 +261,7 @@ class TransformersBackend(TransformersScoring):
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0))
-        k = params.k
-        prompt_of, sample_of = (rows // k).tolist(), (rows % k).tolist()
-        noise = torch.empty_like(probs)
-        start = 0
-        for prompt, group in itertools.groupby(range(len(prompt_of)), key=prompt_of.__getitem__):
-            members = list(group)
-            drawn = torch.empty((k, probs.shape[-1]), dtype=probs.dtype, device=probs.device)
-            drawn.exponential_(generator=generators[prompt])
-            noise[start : start + len(members)] = drawn[[sample_of[m] for m in members]]
-            start += len(members)
-        return (probs / noise).argmax(dim=-1)
+        return (probs / noise.draw()).argmax(dim=-1)
 
     def _sample_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
@@ -257,9 +289,9 @@ class TransformersBackend(TransformersScoring):
         params: SamplingParams, seeds: Sequence[int],
     ) -> list[list[Sample]]:  # fmt: skip
         """K samples for each prefilled prompt (one row each of `cache`, `logits`, `mask`,
-        and the last `position`), drawn from its own seeded generator. A row that has ended
-        is carried no further: once a quarter of the decoded rows have ended, they leave the
-        batch (its cache, mask and positions keep the others)."""
+        and the last `position`), drawn from its own seeded generator. Which rows have ended
+        is read every ENDED_READ_EVERY steps: once a quarter of the decoded rows have, they
+        leave the batch (its cache, mask and positions keep the others)."""
         k = params.k
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         total = len(seeds) * k
@@ -268,27 +300,34 @@ class TransformersBackend(TransformersScoring):
         mask = mask.repeat_interleave(k, dim=0)
         position = position.repeat_interleave(k, dim=0)
         stops = torch.tensor(self.stop_ids or [-1], device=self.device)
-        rows = torch.arange(total, device=self.device)  # the decoded rows' numbers
+        numbers = list(range(total))  # the decoded rows' numbers, on the host
+        rows = torch.arange(total, device=self.device)  # and on the device
+        noise = RowNoise(generators, k, logits.shape[-1], numbers)
         ended = torch.zeros(total, dtype=torch.bool, device=self.device)  # of the decoded rows
+        finite = torch.ones((), dtype=torch.bool, device=self.device)
+        every = ENDED_READ_EVERY.get(torch.device(self.device).type, ENDED_READ_EVERY["other"])
         steps: list[torch.Tensor] = []
-        for _ in range(params.max_new_tokens):
-            tokens = self._next_tokens(logits, rows, params, generators)
+        for step in range(1, params.max_new_tokens + 1):
+            finite &= torch.isfinite(logits).all()
+            tokens = self._next_tokens(logits, params, noise)
             tokens = torch.where(ended, torch.full_like(tokens, self.pad_id), tokens)
             steps.append(torch.full((total,), self.pad_id, device=self.device).index_put(
                 (rows,), tokens))  # fmt: skip
             ended |= torch.isin(tokens, stops)
-            if bool(ended.all()):
-                break
-            if 4 * int(ended.sum()) >= len(rows):
-                going = (~ended).nonzero().squeeze(-1)
-                cache.reorder_cache(going)
-                rows, tokens, mask, position = (
-                    rows[going],
-                    tokens[going],
-                    mask[going],
-                    position[going],
-                )
-                ended = ended[going]
+            if step % every == 0 or step == params.max_new_tokens:
+                require_finite(finite)
+                done = ended.tolist()
+                if all(done) or step == params.max_new_tokens:
+                    break
+                if 4 * sum(done) >= len(done):
+                    kept = [i for i, row_ended in enumerate(done) if not row_ended]
+                    going = torch.tensor(kept, device=self.device)
+                    cache.reorder_cache(going)
+                    rows, tokens, mask, position, ended = (
+                        rows[going], tokens[going], mask[going], position[going], ended[going]
+                    )  # fmt: skip
+                    numbers = [numbers[i] for i in kept]
+                    noise.keep(numbers)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             position = position + 1
             out = self._forward_cached(

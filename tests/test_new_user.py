@@ -181,6 +181,25 @@ def test_compare_refuses_reports_of_other_settings_unless_allowed(tmp_path):
     assert "retrieval_accuracy" in allowed.output  # metric names are not cut
 
 
+def test_compare_refuses_reports_scored_at_other_temperatures(tmp_path):
+    """Traces sampled at 0.7 are scored at 0.7: their numbers are not those of a scan at 1. A
+    report written before the scoring temperature was recorded scored at 1."""
+    for name, temperature in (("a", "1"), ("b", "0.7")):
+        scanned = invoke("scan", HEALTHY, *FAST, "--temperature", temperature,
+                         "--dump", tmp_path / name)  # fmt: skip
+        assert scanned.exit_code == 0, scanned.output
+    refused = invoke("compare", tmp_path / "a", tmp_path / "b")
+    assert refused.exit_code == 2
+    assert "not comparable (scoring temperature: A 1.0, B 0.7)" in refused.output
+    older = tmp_path / "a" / "report.json"
+    report = json.loads(older.read_text())
+    assert report["settings"].pop("scoring_temperature") == 1.0
+    older.write_text(json.dumps(report))
+    assert "scoring temperature" not in invoke("compare", tmp_path / "a", tmp_path / "a").output
+    refused = invoke("compare", tmp_path / "a", tmp_path / "b")
+    assert "not comparable (scoring temperature: A 1.0, B 0.7)" in refused.output
+
+
 @pytest.mark.parametrize(
     "checkpoint, prompts",
     [

@@ -68,14 +68,17 @@ COMPARABLE = (
     ("reasoning segment", ("reasoning",)),
     ("chat wrapping (--as-chat)", ("as_chat",)),
     ("system prompt", ("system_prompt",)),
+    ("scoring temperature", ("scoring_temperature",)),
 )
+# A setting's value in reports written before it was recorded: they all scored at 1
+UNRECORDED = {("scoring_temperature",): 1.0}
 
 
 def _setting(report: Report, path: tuple[str, ...]) -> Any:
     value: Any = report.settings
     for key in path:
         value = value.get(key) if isinstance(value, dict) else None
-    return value
+    return UNRECORDED.get(path) if value is None else value
 
 
 def differences(a: Report, b: Report) -> list[str]:

@@ -5,7 +5,9 @@
 #   2. bench/gpu_profile.py: the scoring call's and a sampling stage's profiles (issue 57);
 #   3. `make test-gpu`'s group, then every other test file on its own, each with its own log
 #      and exit status in $OUT/tests.tsv, until BUDGET seconds are spent (files not reached
-#      are listed as such): the file of a failure with the GPU visible is then named.
+#      are listed as such): the file of a failure with the GPU visible is then named. In
+#      tests.tsv, rc 1 is a failed test; rc 2 a file that could not be collected (a package
+#      the image lacks, say: its log says which); rc 124 the budget ran out inside the file.
 #
 #   OUT=... BUDGET=420 bash scripts/gpu_checklist.sh [--no-profile]
 set -u

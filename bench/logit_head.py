@@ -5,7 +5,9 @@ intermediate 4864, vocabulary 151,936), measured in one run:
 1. the same batch scored by the cached scorer through the tiled LM head and through the full
    logits (the path models of an unknown head keep), alternating: the peak resident memory
    above the loaded model, the seconds, and the largest per-token difference;
-2. `--batch-tokens auto` as each path plans it, and the tiled path at its own auto batch.
+2. `--batch-tokens auto` as each path plans it, and the tiled path at its own auto batch;
+3. each path's share of this machine's fp32 matmul rate (2 FLOPs per parameter and scored
+   token; issue 57's CPU target at this shape is 0.85).
 
     python bench/logit_head.py            # print the figures
     python bench/logit_head.py --write    # and write the section of docs/benchmarks.md
@@ -24,6 +26,7 @@ import numpy as np
 import psutil
 from bench_scoring import alternating, machine, publish
 from memory import GIB, PeakMemory, qwen_shape
+from real_model import matmul_gflops
 
 from collapsecheck.engines.backends.base import ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend, auto_batch_tokens
@@ -68,6 +71,8 @@ def main() -> None:
         head = LogitHead.of(backend.model)
         requests = requests_of(args.prompts, args.samples, args.tokens)
         backend.loglikelihood(requests[:1], lambda _: None)  # every weight paged in
+        parameters = sum(p.numel() for p in backend.model.parameters())
+        matmul = matmul_gflops()
 
         def run(tiled: bool) -> tuple:
             backend.head = head if tiled else None
@@ -85,6 +90,11 @@ def main() -> None:
     time_full = statistics.median(r[1] for r in full)
     time_tiled = statistics.median(r[1] for r in tiled)
     pairs = len(requests)
+    tokens = sum(len(r.continuation) for r in requests)
+
+    def of_matmul(seconds: float) -> str:
+        return f"{2 * parameters * tokens / seconds / 1e9 / matmul:.0%}"
+
     text = "\n".join([
         HEADING,
         "",
@@ -92,14 +102,17 @@ def main() -> None:
         f"Qwen2.5-0.5B shape in float32, random weights; {args.prompts} contexts x "
         f"{args.prompts * args.samples} traces ({pairs} pairs), {args.tokens}-token prompts and "
         f"reasoning; the cached scorer at --batch-tokens 4096, the two paths alternating, "
-        f"{args.rounds} rounds each (medians). Peak: resident memory above the loaded model.",
+        f"{args.rounds} rounds each (medians). Peak: resident memory above the loaded model. "
+        f"This machine's fp32 matmul rate in the same run: {matmul:.0f} GFLOP/s.",
         "",
-        "| path | peak above the model (GiB) | seconds | auto batch (tokens) |",
-        "|---|---|---|---|",
+        "| path | peak above the model (GiB) | seconds | of matmul | auto batch (tokens) |",
+        "|---|---|---|---|---|",
         f"| full logits (before; unknown heads) | {peak_full:.2f} | {time_full:.1f} | "
-        f"{full_auto:,} |",
-        f"| tiled LM head | {peak_tiled:.2f} | {time_tiled:.1f} | {tiled_auto:,} |",
-        f"| tiled LM head at its auto batch | {at_auto[0]:.2f} | {at_auto[1]:.1f} | |",
+        f"{of_matmul(time_full)} | {full_auto:,} |",
+        f"| tiled LM head | {peak_tiled:.2f} | {time_tiled:.1f} | {of_matmul(time_tiled)} | "
+        f"{tiled_auto:,} |",
+        f"| tiled LM head at its auto batch | {at_auto[0]:.2f} | {at_auto[1]:.1f} | "
+        f"{of_matmul(at_auto[1])} | |",
         "",
         f"Peak memory cut {peak_full / peak_tiled:.1f}x at the same batch; time ratio "
         f"(tiled / full) {time_tiled / time_full:.2f}; largest per-token difference "

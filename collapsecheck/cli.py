@@ -145,7 +145,9 @@ def _option(field: dataclasses.Field, annotation: Any, panel: str) -> inspect.Pa
     filled = meta.get("in_config", False)
     if meta["cli_type"] is not None and (field.default is None or filled):
         kind = kind | None
-    option = typer.Option(*flags, help=meta["help"], rich_help_panel=panel)
+    option = typer.Option(
+        *flags, help=meta["help"], rich_help_panel=panel, metavar=meta.get("metavar")
+    )
     return inspect.Parameter(
         field.name,
         inspect.Parameter.KEYWORD_ONLY,
@@ -411,7 +413,9 @@ NoTrainLog = Annotated[
 
 TrainKey = Annotated[
     list[str] | None,
-    typer.Option(help="NAME=KEY: read series NAME from log key KEY (repeatable)."),
+    typer.Option(
+        help="NAME=KEY: read series NAME from log key KEY (repeatable).", metavar="NAME=KEY"
+    ),
 ]
 
 Baseline = Annotated[

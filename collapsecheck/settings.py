@@ -72,7 +72,7 @@ UNKEYED = "<unkeyed>"
 def setting(
     default: Any, help: str, *, numbers: bool, samples: bool = False, flags: tuple[str, ...] = (),
     cli_type: Any = None, in_config: bool = False, commands: tuple[str, ...] | None = None,
-    keyed_unset: Any = None,
+    keyed_unset: Any = None, metavar: str | None = None,
 ) -> Any:  # fmt: skip
     """A settings field: its default, its --help text, whether it changes the numbers, whether
     it changes the sampled traces (`samples`: those key the samples cache), (where they
@@ -81,10 +81,12 @@ def setting(
     where the command line does not give it), the commands that offer it (None: every command
     that takes its group) and, for a field that may be left unset (None), the value it keys
     the caches as then (`keyed_unset`: the value a scan uses in its place, so that leaving it
-    unset and giving that value share a cache entry)."""
+    unset and giving that value share a cache entry) and what --help shows for its value
+    (`metavar`; None: the type's name)."""
     meta = {
         "help": help, "numbers": numbers, "samples": samples, "flags": flags,
         "cli_type": cli_type, "in_config": in_config, "keyed_unset": keyed_unset,
+        "metavar": metavar,
     }  # fmt: skip
     if commands is not None:
         meta["commands"] = commands
@@ -470,7 +472,7 @@ class EnvSettings:
     )  # fmt: skip
     env_arg: tuple[str, ...] = setting(
         (), "KEY=VALUE passed to the environment's factory (repeatable).", numbers=True,
-        cli_type=list[str], commands=ENV_COMMANDS,
+        cli_type=list[str], commands=ENV_COMMANDS, metavar="KEY=VALUE",
     )  # fmt: skip
     env_seed: int = setting(0, "The first start state's seed.", numbers=True, commands=ENV_COMMANDS)
     max_turns: int = setting(

@@ -143,6 +143,9 @@ def test_help_groups_the_options_by_concern():
     for heading in ("Sampling", "Prompts", "Reasoning and scoring", "Model and engine", "Gate"):
         assert heading in result.output
     assert "--batch-tokens" in result.output and "--samples" in result.output
+    # a repeatable option's value is named for what it is, not by its Python type
+    assert "--env-arg" in result.output and "--train-key" in result.output
+    assert "list[" not in result.output
 
 
 def test_debug_prints_the_traceback_of_a_wrapped_error(tmp_path):

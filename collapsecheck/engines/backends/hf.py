@@ -133,21 +133,23 @@ class RowNoise:
     are decoded. Where the rows are the blocks' rows in order (no row has left), no index is
     made."""
 
-    def __init__(
-        self, generators: Sequence[torch.Generator], k: int, vocabulary: int,
-        rows: Sequence[int],
-    ) -> None:  # fmt: skip
+    def __init__(self, generators: Sequence[torch.Generator], k: int, vocabulary: int) -> None:
         self.generators, self.k, self.vocabulary = generators, k, vocabulary
-        self.keep(rows)
+        self.rows = list(range(len(generators) * k))  # the decoded rows' numbers
+        self._place_rows()
 
-    def keep(self, rows: Sequence[int]) -> None:
-        """The decoded rows (their numbers, prompt after prompt, K each) from now on."""
-        self.prompts = sorted({row // self.k for row in rows})
+    def keep(self, kept: Sequence[int]) -> None:
+        """Only the decoded rows at these places (in order) from now on."""
+        self.rows = [self.rows[place] for place in kept]
+        self._place_rows()
+
+    def _place_rows(self) -> None:
+        """The prompts with a decoded row, and each row's place in their blocks."""
+        self.prompts = sorted({row // self.k for row in self.rows})
         block = {prompt: place for place, prompt in enumerate(self.prompts)}
-        index = [block[row // self.k] * self.k + row % self.k for row in rows]
-        device = self.generators[0].device
+        index = [block[row // self.k] * self.k + row % self.k for row in self.rows]
         whole = index == list(range(len(self.prompts) * self.k))
-        self.index = None if whole else torch.tensor(index, device=device)
+        self.index = None if whole else torch.tensor(index, device=self.generators[0].device)
 
     def draw(self) -> torch.Tensor:
         """One step's noise, (decoded rows, vocabulary) float32."""
@@ -300,9 +302,8 @@ class TransformersBackend(TransformersScoring):
         mask = mask.repeat_interleave(k, dim=0)
         position = position.repeat_interleave(k, dim=0)
         stops = torch.tensor(self.stop_ids or [-1], device=self.device)
-        numbers = list(range(total))  # the decoded rows' numbers, on the host
-        rows = torch.arange(total, device=self.device)  # and on the device
-        noise = RowNoise(generators, k, logits.shape[-1], numbers)
+        rows = torch.arange(total, device=self.device)  # the decoded rows' numbers
+        noise = RowNoise(generators, k, logits.shape[-1])
         ended = torch.zeros(total, dtype=torch.bool, device=self.device)  # of the decoded rows
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         every = ENDED_READ_EVERY.get(torch.device(self.device).type, ENDED_READ_EVERY["other"])
@@ -326,8 +327,7 @@ class TransformersBackend(TransformersScoring):
                     rows, tokens, mask, position, ended = (
                         rows[going], tokens[going], mask[going], position[going], ended[going]
                     )  # fmt: skip
-                    numbers = [numbers[i] for i in kept]
-                    noise.keep(numbers)
+                    noise.keep(kept)
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             position = position + 1
             out = self._forward_cached(

@@ -27,12 +27,11 @@ import datetime
 import functools
 import random
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from bench_scoring import alternating, machine, publish
-from real_model import converted_checkpoint, matmul_gflops
+from bench_scoring import alternating, machine, publish, timed
+from real_model import converted_checkpoint, matmul_gflops, seconds_of
 
 from collapsecheck.engines.backends import logit_head
 from collapsecheck.engines.backends.base import ScoreRequest, no_progress
@@ -91,12 +90,6 @@ def profiled_shares(backend: TransformersBackend, requests: list[ScoreRequest]) 
     return {kind: value / whole for kind, value in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
-def call_seconds(backend: TransformersBackend, requests: list[ScoreRequest]) -> float:
-    started = time.perf_counter()
-    backend.loglikelihood(requests, no_progress)
-    return time.perf_counter() - started
-
-
 def with_torch_logsumexp(head: logit_head.LogitHead, hidden: torch.Tensor) -> None:
     """The head's log-sum-exp as first written: torch.logsumexp on each tile (a new tensor
     per pass)."""
@@ -122,7 +115,7 @@ def head_rates(model, rounds: int) -> list[tuple[str, tuple[int, int], float]]:
             ("torch.logsumexp", functools.partial(with_torch_logsumexp, head, hidden)),
             ("in place (logsumexp_)", functools.partial(head.logprobs, hidden, targets)),
         ):
-            best = min(_seconds(run) for _ in range(rounds + 1))
+            best = min(seconds_of(run) for _ in range(rounds + 1))
             rows.append((name, tiles, flops / best / 1e9))
     return rows
 
@@ -149,7 +142,7 @@ def attention_ms(config, rounds: int) -> dict[str, float]:
 
     assert torch.allclose(repeated(), grouped(), atol=1e-5)
     return {
-        name: 1000 * min(_seconds(run) for _ in range(rounds + 3))
+        name: 1000 * min(seconds_of(run) for _ in range(rounds + 3))
         for name, run in (("repeated per query head", repeated), ("grouped-query mode", grouped))
     }
 
@@ -170,13 +163,7 @@ def compiled(backend: TransformersBackend, requests: list[ScoreRequest], rounds:
 
 def _timed_with(backend, forward, requests) -> float:
     backend.model.model.forward = forward
-    return call_seconds(backend, requests)
-
-
-def _seconds(run) -> float:
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started
+    return timed(backend, requests)[1]
 
 
 @torch.inference_mode()  # as the scorer runs: the weights are parameters
@@ -202,7 +189,7 @@ def main() -> None:
     def run(measured: bool) -> float:
         tiles = measured_tiles if measured else FIRST_TILES
         backend.head = logit_head.LogitHead(backend.head.weight, tiles)
-        return call_seconds(backend, requests)
+        return timed(backend, requests)[1]
 
     calls = alternating(run, args.rounds)
     heads = head_rates(backend.model, args.rounds)

@@ -90,11 +90,11 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     matrices."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     torch.mm(a, b)
-    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    best = min(seconds_of(lambda: torch.mm(a, b)) for _ in range(repeats))
     return 2 * size**3 / best / 1e9
 
 
-def _timed(work) -> float:
+def seconds_of(work) -> float:
     started = time.perf_counter()
     work()
     return time.perf_counter() - started

@@ -14,14 +14,30 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def tiny_model(kind: str, vocab_size: int, seed: int = 0):
-    """A random-initialised causal LM of two different architectures."""
+    """A random-initialised causal LM: Llama-, GPT-2- or Gemma 2-style (the last with a
+    sliding window of 6 positions in its first layer, full attention in its second, and
+    weights drawn wide enough that its logits depend on what it attends to)."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     torch.manual_seed(seed)
     if kind == "gpt2":
         config = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=512)
         return GPT2LMHeadModel(config).eval()
+    if kind == "gemma2":
+        config = Gemma2Config(
+            vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
+            max_position_embeddings=512, initializer_range=0.2,
+        )  # fmt: skip
+        return Gemma2ForCausalLM(config).eval()
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=32,

@@ -1,5 +1,6 @@
 """Sampling through the transformers backend: seeded, batched, from the policy's distribution."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,22 +71,27 @@ def test_sampling_parameters_are_checked():
 
 
 def reference_samples(model, prompt, k, seed, params, stop):
-    """The sampler as plainly as it can be written: one prompt, its K rows decoded together
-    with no key/value cache (the whole sequence run again each step), each step's tokens
-    drawn by torch.multinomial from the prompt's own generator, a row's tokens after its stop
-    token ignored."""
+    """The sampler as plainly as it can be written (SPEC "Sampling"): one prompt, its K rows
+    decoded together with no key/value cache (the whole sequence run again each step); the
+    prompt's uniforms, (steps, K), drawn at once from its own generator; each row's token the
+    first whose running sum of probabilities (numpy, float64) passes u x the row's total; a
+    row's tokens after its stop token ignored."""
     generator = torch.Generator().manual_seed(seed)
+    uniforms = torch.rand((params.max_new_tokens, k), generator=generator, dtype=torch.float64)
     rows = torch.tensor([list(prompt)] * k)
     with torch.no_grad():
-        for _ in range(params.max_new_tokens):
+        for step in range(params.max_new_tokens):
             logits = model(input_ids=rows).logits[:, -1].float() / params.temperature
             probs = torch.softmax(logits, dim=-1)
             if params.top_p < 1:
                 ordered, order = probs.sort(dim=-1, descending=True)
                 outside = ordered.cumsum(dim=-1) - ordered >= params.top_p
                 probs = torch.zeros_like(probs).scatter(-1, order, ordered.masked_fill(outside, 0))
-            tokens = torch.multinomial(probs, 1, generator=generator)
-            rows = torch.cat([rows, tokens], dim=1)
+            tokens = []
+            for row, u in zip(probs.double().numpy(), uniforms[step].tolist(), strict=True):
+                running = np.cumsum(row)
+                tokens.append(int(np.searchsorted(running, u * running[-1], side="right")))
+            rows = torch.cat([rows, torch.tensor(tokens)[:, None]], dim=1)
     out = []
     for row in rows[:, len(prompt) :].tolist():
         end = next((i for i, t in enumerate(row) if t == stop), None)
@@ -93,22 +99,24 @@ def reference_samples(model, prompt, k, seed, params, stop):
     return out
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2"])
 @pytest.mark.parametrize("read_every", [1, 8])
 def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(
     kind, read_every, demo_tokenizer, monkeypatch
 ):
     """Prompts of different lengths decoded together, rows leaving the batch as they end,
     the tokens drawn for all rows at once, which rows have ended read every step (a CPU's
-    way) or every few (a GPU's): the same traces as the plain loop above, for every batch
-    size."""
+    way) or every few (a GPU's), the cache laid out for decoding (`decode_cache`; Gemma 2's
+    sliding-window layer kept as transformers makes it): the same traces as the plain loop
+    above, for every batch size."""
     from collapsecheck.engines.backends import hf
     from collapsecheck.engines.backends.base import prompt_seed
     from tests.conftest import tiny_model
 
     monkeypatch.setitem(hf.ENDED_READ_EVERY, "cpu", read_every)
 
-    model = tiny_model(kind, len(demo_tokenizer), seed=1)
+    # a seed whose rows end at different steps (checked below)
+    model = tiny_model(kind, len(demo_tokenizer), seed={"gemma2": 5}.get(kind, 1))
     stop = demo_tokenizer.eos_token_id
     model.generation_config.eos_token_id = stop
     texts = ["state 1 2", "a longer prompt of more tokens than the others", "x", "state 3 4 go"]
@@ -147,3 +155,47 @@ def test_auto_sample_batch_decodes_what_the_memory_holds(backend, monkeypatch):
     )
     with pytest.raises(CollapsecheckError, match="--sample-batch"):
         LoadSettings(sample_batch="lots")
+
+
+def test_inverse_cdf_draws_each_token_with_its_share_and_never_one_of_probability_0():
+    from collapsecheck.engines.backends.hf import inverse_cdf
+
+    probs = torch.tensor(
+        [[0.0, 0.1, 0.0, 0.3, 0.6, 0.0], [0.35, 0.0, 0.0, 0.35, 0.0, 0.0]]  # the second cut
+    )  # fmt: skip
+    draws = 200_000
+    generator = torch.Generator().manual_seed(0)
+    uniforms = torch.rand((draws, 2), generator=generator, dtype=torch.float64)
+    tokens = inverse_cdf(probs.repeat(draws, 1), uniforms.reshape(-1)).reshape(draws, 2)
+    for row in range(2):
+        counts = torch.bincount(tokens[:, row], minlength=6).double()
+        share = probs[row].double() / probs[row].sum()
+        spread = (draws * share * (1 - share)).sqrt()
+        assert (counts - draws * share).abs().le(5 * spread + 1e-9).all(), (row, counts)
+        assert counts[share == 0].sum() == 0
+    ends = torch.tensor([0.0, 1 - 2**-53], dtype=torch.float64)  # the draws' extremes
+    assert inverse_cdf(probs[[0, 0]], ends).tolist() == [1, 4]
+    assert inverse_cdf(probs[[1, 1]], ends).tolist() == [0, 3]
+    not_finite = torch.full((1, 6), float("nan"))
+    assert inverse_cdf(not_finite, ends[:1]).tolist() == [5]  # in range; the scan then stops
+
+
+def test_preallocated_layer_holds_what_concatenation_holds():
+    from collapsecheck.engines.backends.decode_cache import PreallocatedLayer
+
+    keys, values = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
+    layer = PreallocatedLayer(keys, values, repeats=2, capacity=6)
+    expected_keys = keys.repeat_interleave(2, dim=0)
+    for step in range(4):  # two within the capacity, then past it
+        new_keys, new_values = torch.randn(4, 3, 1, 5), torch.randn(4, 3, 1, 5)
+        got_keys, got_values = layer.update(new_keys, new_values)
+        expected_keys = torch.cat([expected_keys, new_keys], dim=-2)
+        assert torch.equal(got_keys, expected_keys)
+        assert torch.equal(got_values[..., -1:, :], new_values)
+        assert layer.get_seq_length() == 5 + step
+        if step < 2:  # a view of the buffer: no copy of the keys before it
+            assert got_keys.data_ptr() == layer.key_buffer.data_ptr()
+    layer.batch_select_indices(torch.tensor([3, 0]))
+    assert torch.equal(layer.keys, expected_keys[[3, 0]])
+    layer.update(torch.zeros(2, 3, 1, 5), torch.zeros(2, 3, 1, 5))
+    assert torch.equal(layer.keys[..., :-1, :], expected_keys[[3, 0]])

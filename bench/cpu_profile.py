@@ -27,11 +27,10 @@ import datetime
 import functools
 import random
 import statistics
-from pathlib import Path
 
 import torch
 from bench_scoring import alternating, machine, publish, timed
-from real_model import converted_checkpoint, matmul_gflops, seconds_of
+from real_model import add_real_model_arguments, converted_checkpoint, matmul_gflops, seconds_of
 
 from collapsecheck.engines.backends import logit_head
 from collapsecheck.engines.backends.base import ScoreRequest, no_progress
@@ -68,23 +67,23 @@ def random_requests() -> list[ScoreRequest]:
     return [ScoreRequest(c, z) for c in contexts for z in traces]
 
 
-def kind_of(name: str) -> str:
+def kind_of(name: str, kinds: dict[str, tuple[str, ...]]) -> str:
     """An op's kind: `aten::exp` and `aten::exp_` are one op; "attention" is any SDPA kernel."""
-    for kind, ops in KINDS.items():
+    for kind, ops in kinds.items():
         if any(name in (op, op + "_") or (op == "attention" and op in name) for op in ops):
             return kind
     return "other"
 
 
-def profiled_shares(backend: TransformersBackend, requests: list[ScoreRequest]) -> dict[str, float]:
-    """Each kind of work's share of the self CPU time of one scoring call."""
+def profiled_shares(work, kinds: dict[str, tuple[str, ...]] = KINDS) -> dict[str, float]:
+    """Each kind of work's share of the self CPU time of one call of `work`."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as trace:
-        backend.loglikelihood(requests, no_progress)
+        work()
     totals: dict[str, float] = {}
     for event in trace.key_averages():
-        kind = kind_of(event.key)
+        kind = kind_of(event.key, kinds)
         totals[kind] = totals.get(kind, 0.0) + event.self_cpu_time_total
     whole = sum(totals.values())
     return {kind: value / whole for kind, value in sorted(totals.items(), key=lambda kv: -kv[1])}
@@ -169,10 +168,8 @@ def _timed_with(backend, forward, requests) -> float:
 @torch.inference_mode()  # as the scorer runs: the weights are parameters
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=2)
+    add_real_model_arguments(parser, rounds=2)
     parser.add_argument("--compile", action="store_true", help="measure torch.compile too")
-    parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
-    parser.add_argument("--models", type=Path, default=Path.home() / ".cache" / "collapsecheck")
     args = parser.parse_args()
     checkpoint = converted_checkpoint(args.models)
     if checkpoint is None:
@@ -183,7 +180,7 @@ def main() -> None:
     tokens = len(requests) * TRACE_TOKENS
     matmul = matmul_gflops()
     backend.loglikelihood(requests[:TRACES], no_progress)  # every weight paged in
-    shares = profiled_shares(backend, requests)
+    shares = profiled_shares(lambda: backend.loglikelihood(requests, no_progress))
     measured_tiles = backend.head.tiles
 
     def run(measured: bool) -> float:

@@ -94,6 +94,15 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e9
 
 
+def add_real_model_arguments(parser: argparse.ArgumentParser, rounds: int | None = None) -> None:
+    """The options of the benchmarks on this real model: --write, --models and, where they
+    repeat their measures, --rounds."""
+    parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
+    parser.add_argument("--models", type=Path, default=Path.home() / ".cache" / "collapsecheck")
+    if rounds is not None:
+        parser.add_argument("--rounds", type=int, default=rounds)
+
+
 def seconds_of(work) -> float:
     started = time.perf_counter()
     work()
@@ -125,8 +134,7 @@ def scored(checkpoint: Path, prompts: Path, backend, n: int, k: int, negatives: 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
-    parser.add_argument("--models", type=Path, default=Path.home() / ".cache" / "collapsecheck")
+    add_real_model_arguments(parser)
     args = parser.parse_args()
     checkpoint = converted_checkpoint(args.models)
     if checkpoint is None:

@@ -11,6 +11,7 @@ same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,10 +27,9 @@ class PreallocatedLayer(DynamicLayer):
         repeated `repeats` times, in buffers of `capacity` positions."""
         super().__init__()
         self.device, self.is_initialized = keys.device, True
-        self.length = keys.shape[-2]
         self.key_buffer = self._buffer(keys, repeats, capacity)
         self.value_buffer = self._buffer(values, repeats, capacity)
-        self._show_filled()
+        self._show_filled(keys.shape[-2])
 
     @staticmethod
     def _buffer(states: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
@@ -38,44 +38,43 @@ class PreallocatedLayer(DynamicLayer):
         buffer.view(batch, repeats, heads, capacity, width)[..., :length, :] = states[:, None]
         return buffer
 
-    def _show_filled(self) -> None:
-        self.keys = self.key_buffer[..., : self.length, :]
-        self.values = self.value_buffer[..., : self.length, :]
+    def _show_filled(self, length: int) -> None:
+        """`keys` and `values`: the buffers' first `length` positions, as views."""
+        self.keys = self.key_buffer[..., :length, :]
+        self.values = self.value_buffer[..., :length, :]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + key_states.shape[-2]
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
         if end > self.key_buffer.shape[-2]:  # more than the decode was sized for
             self.key_buffer = torch.cat([self.keys, key_states], dim=-2)
             self.value_buffer = torch.cat([self.values, value_states], dim=-2)
         else:
-            self.key_buffer[..., self.length : end, :] = key_states
-            self.value_buffer[..., self.length : end, :] = value_states
-        self.length = end
-        self._show_filled()
+            self.key_buffer[..., start:end, :] = key_states
+            self.value_buffer[..., start:end, :] = value_states
+        self._show_filled(end)
         return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove < 0:
-            self.length = max(0, self.length + tokens_to_remove)
-            self._show_filled()
+            self._show_filled(max(0, self.keys.shape[-2] + tokens_to_remove))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.key_buffer = self.key_buffer[indices]
-        self.value_buffer = self.value_buffer[indices]
-        self._show_filled()
+        self._change_rows(lambda buffer: buffer[indices])
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx.to(self.device))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
-        self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
-        self._show_filled()
+        self._change_rows(lambda buffer: buffer.repeat_interleave(repeats, dim=0))
+
+    def _change_rows(self, change: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Both buffers' rows changed by `change`, the filled length kept."""
+        length = self.keys.shape[-2]
+        self.key_buffer, self.value_buffer = change(self.key_buffer), change(self.value_buffer)
+        self._show_filled(length)
 
 
 def preallocate(cache: Any, repeats: int, new_tokens: int) -> None:

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_scoring import machine, matmul_peak
-from gpu_real_shape import QWEN25_15B, SMOKE, write_run
+from bench_scoring import machine
+from gpu_real_shape import add_real_shape_arguments, real_shape, write_run
 
 from collapsecheck.engines.backends import logit_head
 from collapsecheck.engines.backends.base import SamplingParams, ScoreRequest, no_progress
@@ -207,24 +207,20 @@ def kernel_table(what: str, figures: dict) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_real_shape_arguments(parser)
     parser.add_argument("--contexts", type=int, default=4)
     parser.add_argument("--traces", type=int, default=256)
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--reasoning-tokens", type=int, default=512)
     parser.add_argument("--tiles", default="1024x16384,4096x16384,512x8192,2048x32768")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sample-prompts", type=int, default=32)
-    parser.add_argument("-k", type=int, default=8)
     parser.add_argument("--sample-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, required=True, help="folder for the figures")
-    parser.add_argument("--smoke", action="store_true", help="a tiny shape on the CPU")
     args = parser.parse_args()
-    shape, args.device = (SMOKE, "cpu") if args.smoke else (QWEN25_15B, "cuda")
+    shape, args.device, peak = real_shape(args.smoke)
     if args.smoke:
         args.contexts, args.traces, args.prompt_tokens, args.reasoning_tokens = 2, 8, 32, 16
         args.sample_prompts, args.k, args.sample_tokens, args.rounds = 2, 2, 8, 1
     args.out.mkdir(parents=True, exist_ok=True)
-    peak = matmul_peak(args.device, torch.bfloat16, 1024 if args.smoke else 8192, repeats=10)
     bandwidth = copy_bandwidth(args.device, 0.0625 if args.smoke else 4)
     with tempfile.TemporaryDirectory() as scratch:
         run, params = write_run(Path(scratch), 1, shape, args.device)

@@ -93,22 +93,33 @@ def write_prompts(path: Path, n: int, length: int, vocab: int, system: int = 64)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoints", type=int, default=4)
-    parser.add_argument("-n", type=int, default=32)
+def add_real_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the benchmarks at the real shape: K, the lengths, and --smoke."""
     parser.add_argument("-k", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--reasoning-tokens", type=int, default=512)
-    parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape on the CPU")
+
+
+def real_shape(smoke: bool) -> tuple[dict, str, float]:
+    """The model's shape, the device, and the device's measured bfloat16 matmul peak:
+    Qwen2.5-1.5B's shape on the GPU, or with --smoke a tiny one on the CPU."""
+    shape, device = (SMOKE, "cpu") if smoke else (QWEN25_15B, "cuda")
+    return shape, device, matmul_peak(device, torch.bfloat16, 1024 if smoke else 8192, repeats=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_real_shape_arguments(parser)
+    parser.add_argument("--checkpoints", type=int, default=4)
+    parser.add_argument("-n", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=None, help="write the figures here as JSON")
     parser.add_argument(
         "--token-information-cost", action="store_true",
         help="score the last checkpoint's samples again without where the input shows",
     )  # fmt: skip
     args = parser.parse_args()
-    shape, device = (SMOKE, "cpu") if args.smoke else (QWEN25_15B, "cuda")
-    peak = matmul_peak(device, torch.bfloat16, 1024 if args.smoke else 8192, repeats=10)
+    shape, device, peak = real_shape(args.smoke)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         run, params = write_run(root, args.checkpoints, shape, device)

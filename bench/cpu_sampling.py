@@ -5,10 +5,9 @@ bench/real_model.py (SmolLM2-135M-Instruct, float32), measured in one run:
 2. the stage with the key/value cache concatenated every step (transformers' `DynamicLayer`,
    the sampler before) against laid out for decoding (`decode_cache.PreallocatedLayer`),
    alternating;
-3. the draw alone at the stage's shape: the sampler's (Exp(1) noise over the whole vocabulary
-   for every row from its prompt's generator, argmax(p / q), as `torch.multinomial` draws)
-   against one uniform a row and the inverse CDF (float64 running sums, `searchsorted`): the
-   same distribution, other traces for a seed, so not taken (docs/decisions.md).
+3. the draw alone at the stage's shape: samples version 1's (Exp(1) noise over the whole
+   vocabulary for every row, argmax(p / q), as `torch.multinomial` draws) against version 2's
+   (`hf.inverse_cdf`, one uniform a row).
 
 The stage: PROMPTS random prompts of PROMPT_TOKENS tokens, K = 4, NEW_TOKENS new tokens with
 the stop tokens ignored (every row decodes to the limit, so each run does the same work), all
@@ -32,7 +31,7 @@ from real_model import add_real_model_arguments, converted_checkpoint, matmul_gf
 
 from collapsecheck.engines.backends import hf
 from collapsecheck.engines.backends.base import SamplingParams, no_progress
-from collapsecheck.engines.backends.hf import RowNoise, TransformersBackend
+from collapsecheck.engines.backends.hf import TransformersBackend, inverse_cdf
 from collapsecheck.settings import LoadSettings
 
 HEADING = "## Where the CPU's sampling time goes"
@@ -44,8 +43,10 @@ KINDS = {  # profiler op -> kind of work (the rest: other)
         "aten::cat", "aten::copy_", "aten::index", "aten::index_put", "aten::_to_copy",
         "aten::clone", "aten::fill_", "aten::index_select",
     ),
-    "the draw: Exp(1) noise over the vocabulary": ("aten::exponential",),
-    "the draw: softmax, p / q, argmax": ("aten::_softmax", "aten::argmax", "aten::div"),
+    "the draw (softmax, noise or running sums, argmax or search)": (
+        "aten::_softmax", "aten::exponential", "aten::cumsum", "aten::searchsorted",
+        "aten::argmax", "aten::div",
+    ),
     "finiteness and stop checks": ("aten::isfinite", "aten::abs", "aten::eq", "aten::ne",
                                    "aten::all", "aten::isin"),
     "element-wise (norms, rotary, activations)": (
@@ -71,26 +72,27 @@ def stage(backend: TransformersBackend, prompts, concatenated: bool) -> float:
         hf.preallocate = laid_out
 
 
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Each row's first token whose float64 running sum of probabilities passes u x the
-    row's total."""
-    cumulative = probs.double().cumsum(dim=-1)
-    total = cumulative[:, -1:]
-    point = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, total.new_zeros(())))
-    return torch.searchsorted(cumulative, point, right=True).squeeze(-1)
+def exponential_draw(probs: torch.Tensor, generators) -> torch.Tensor:
+    """Samples version 1's draw: each prompt's (K, vocabulary) block of Exp(1) noise from its
+    generator, the token argmax(p / q)."""
+    noise = torch.empty_like(probs)
+    for block, generator in zip(noise.split(K), generators, strict=True):
+        block.exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
 
 
 def draw_ms(vocabulary: int, rounds: int) -> dict[str, float]:
     """ms of one step's draw for the stage's rows, each way, best of rounds + 3."""
     probs = torch.softmax(torch.randn(PROMPTS * K, vocabulary), dim=-1)
     generators = [torch.Generator().manual_seed(i) for i in range(PROMPTS)]
-    noise = RowNoise(generators, K, vocabulary)
-    uniforms = torch.rand(PROMPTS * K, dtype=torch.float64)
+    uniforms = hf.step_uniforms(generators, K, 1)[0]
     ways = {
-        "the sampler's, Exp(1) noise over the vocabulary, argmax(p / q)": (
-            lambda: (probs / noise.draw()).argmax(dim=-1)
+        "version 1: Exp(1) noise over the vocabulary, argmax(p / q)": (
+            lambda: exponential_draw(probs, generators)
         ),
-        "one uniform a row, inverse CDF": lambda: inverse_cdf(probs, uniforms),
+        "version 2: one uniform a row, running sums (inverse_cdf)": (
+            lambda: inverse_cdf(probs, uniforms)
+        ),
     }
     return {
         name: 1000 * min(seconds_of(way) for _ in range(rounds + 3)) for name, way in ways.items()
@@ -133,13 +135,13 @@ def main() -> None:
         "session that wrote this (issue 57, item 7 asks for a GPU's profile).",
         "",
         "One `torch.profiler` trace of the stage as the sampler runs it now (the cache laid "
-        "out for decoding), self time by kind:",
+        "out for decoding, the inverse-CDF draw), self time by kind:",
         "",
         "| kind of work | share of the stage |",
         "|---|---|",
         *(f"| {kind} | {share:.1%} |" for kind, share in shares.items()),
         "",
-        f"The whole stage, alternating, medians of {args.rounds}:",
+        f"The whole stage (the draw as now), alternating, medians of {args.rounds}:",
         "",
         "| key/value cache | seconds | tokens/s | GFLOP/s | of matmul |",
         "|---|---|---|---|---|",

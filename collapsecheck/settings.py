@@ -38,7 +38,7 @@ from collapsecheck.errors import CollapsecheckError
 # results cache then recomputes instead of answering with stale numbers.
 NUMBERS_VERSION = 5
 # Bump when a code change alters the traces sampled with unchanged settings.
-SAMPLES_VERSION = 1
+SAMPLES_VERSION = 2  # 2: tokens drawn by inverse CDF from uniforms drawn up front (issue 57)
 
 AUTO = "auto"
 ALL = "all"

@@ -1,5 +1,6 @@
 """Sampling through the transformers backend: seeded, batched, from the policy's distribution."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,22 +71,27 @@ def test_sampling_parameters_are_checked():
 
 
 def reference_samples(model, prompt, k, seed, params, stop):
-    """The sampler as plainly as it can be written: one prompt, its K rows decoded together
-    with no key/value cache (the whole sequence run again each step), each step's tokens
-    drawn by torch.multinomial from the prompt's own generator, a row's tokens after its stop
-    token ignored."""
+    """The sampler as plainly as it can be written (SPEC "Sampling"): one prompt, its K rows
+    decoded together with no key/value cache (the whole sequence run again each step); the
+    prompt's uniforms, (steps, K), drawn at once from its own generator; each row's token the
+    first whose running sum of probabilities (numpy, float64) passes u x the row's total; a
+    row's tokens after its stop token ignored."""
     generator = torch.Generator().manual_seed(seed)
+    uniforms = torch.rand((params.max_new_tokens, k), generator=generator, dtype=torch.float64)
     rows = torch.tensor([list(prompt)] * k)
     with torch.no_grad():
-        for _ in range(params.max_new_tokens):
+        for step in range(params.max_new_tokens):
             logits = model(input_ids=rows).logits[:, -1].float() / params.temperature
             probs = torch.softmax(logits, dim=-1)
             if params.top_p < 1:
                 ordered, order = probs.sort(dim=-1, descending=True)
                 outside = ordered.cumsum(dim=-1) - ordered >= params.top_p
                 probs = torch.zeros_like(probs).scatter(-1, order, ordered.masked_fill(outside, 0))
-            tokens = torch.multinomial(probs, 1, generator=generator)
-            rows = torch.cat([rows, tokens], dim=1)
+            tokens = []
+            for row, u in zip(probs.double().numpy(), uniforms[step].tolist(), strict=True):
+                running = np.cumsum(row)
+                tokens.append(int(np.searchsorted(running, u * running[-1], side="right")))
+            rows = torch.cat([rows, torch.tensor(tokens)[:, None]], dim=1)
     out = []
     for row in rows[:, len(prompt) :].tolist():
         end = next((i for i, t in enumerate(row) if t == stop), None)
@@ -149,6 +155,29 @@ def test_auto_sample_batch_decodes_what_the_memory_holds(backend, monkeypatch):
     )
     with pytest.raises(CollapsecheckError, match="--sample-batch"):
         LoadSettings(sample_batch="lots")
+
+
+def test_inverse_cdf_draws_each_token_with_its_share_and_never_one_of_probability_0():
+    from collapsecheck.engines.backends.hf import inverse_cdf
+
+    probs = torch.tensor(
+        [[0.0, 0.1, 0.0, 0.3, 0.6, 0.0], [0.35, 0.0, 0.0, 0.35, 0.0, 0.0]]  # the second cut
+    )  # fmt: skip
+    draws = 200_000
+    generator = torch.Generator().manual_seed(0)
+    uniforms = torch.rand((draws, 2), generator=generator, dtype=torch.float64)
+    tokens = inverse_cdf(probs.repeat(draws, 1), uniforms.reshape(-1)).reshape(draws, 2)
+    for row in range(2):
+        counts = torch.bincount(tokens[:, row], minlength=6).double()
+        share = probs[row].double() / probs[row].sum()
+        spread = (draws * share * (1 - share)).sqrt()
+        assert (counts - draws * share).abs().le(5 * spread + 1e-9).all(), (row, counts)
+        assert counts[share == 0].sum() == 0
+    ends = torch.tensor([0.0, 1 - 2**-53], dtype=torch.float64)  # the draws' extremes
+    assert inverse_cdf(probs[[0, 0]], ends).tolist() == [1, 4]
+    assert inverse_cdf(probs[[1, 1]], ends).tolist() == [0, 3]
+    not_finite = torch.full((1, 6), float("nan"))
+    assert inverse_cdf(not_finite, ends[:1]).tolist() == [5]  # in range; the scan then stops
 
 
 def test_preallocated_layer_holds_what_concatenation_holds():

@@ -87,7 +87,7 @@ def auto_sample_batch(model: Any, length: int) -> int:
     vocab = model.config.get_text_config().vocab_size
     per_sequence = (
         kv_bytes_per_token(model) * length
-        + 6 * vocab * 4  # logits, probabilities, noise, sort (float32)
+        + 6 * vocab * 4  # logits, probabilities, their float64 running sums, sort (float32 units)
     )
     device = next(model.parameters()).device
     cap = SAMPLE_BATCH_CAP["cuda" if device.type == "cuda" else "cpu"]
@@ -112,8 +112,8 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[tor
 
 # decode steps between reads of which rows have ended, by device type. Each read makes the host
 # wait for the device: on a GPU that would hold every step's kernel launches back until its
-# work is done; a CPU has nothing to overlap. A row that has ended draws padding, and its
-# prompt's noise is drawn whole either way (`RowNoise`), so reading later changes no trace.
+# work is done; a CPU has nothing to overlap. A row that has ended draws padding, and each
+# row's uniforms are drawn before decoding (`step_uniforms`), so reading later changes no trace.
 ENDED_READ_EVERY = {"cpu": 1, "other": 8}
 
 
@@ -126,42 +126,29 @@ def require_finite(finite: torch.Tensor) -> None:
         )
 
 
-class RowNoise:
-    """The Exp(1) noise q of the decoded rows (the next token is argmax(p / q), as
-    `torch.multinomial` draws it), drawn prompt by prompt from each prompt's generator: a
-    whole (K, vocabulary) block a step for each prompt with a row still decoded, its ended
-    rows' noise too, so that a prompt's stream, and its traces, are the same whichever rows
-    are decoded. Where the rows are the blocks' rows in order (no row has left), no index is
-    made."""
+def step_uniforms(
+    generators: Sequence[torch.Generator], k: int, steps: int
+) -> torch.Tensor:  # fmt: skip
+    """SPEC "Sampling": every uniform a batch's decoding uses, (steps, prompts x K) float64,
+    drawn once per prompt, (steps, K) from its own generator, so that a prompt's traces are
+    the same whichever rows are decoded beside it and whenever its rows end."""
+    device = generators[0].device
+    per_prompt = [
+        torch.rand((steps, k), generator=g, dtype=torch.float64, device=device) for g in generators
+    ]
+    return torch.cat(per_prompt, dim=1)
 
-    def __init__(self, generators: Sequence[torch.Generator], k: int, vocabulary: int) -> None:
-        self.generators, self.k, self.vocabulary = generators, k, vocabulary
-        self.rows = list(range(len(generators) * k))  # the decoded rows' numbers
-        self._place_rows()
 
-    def keep(self, kept: Sequence[int]) -> None:
-        """Only the decoded rows at these places (in order) from now on."""
-        self.rows = [self.rows[place] for place in kept]
-        self._place_rows()
-
-    def _place_rows(self) -> None:
-        """The prompts with a decoded row, and each row's place in their blocks."""
-        self.prompts = sorted({row // self.k for row in self.rows})
-        block = {prompt: place for place, prompt in enumerate(self.prompts)}
-        index = [block[row // self.k] * self.k + row % self.k for row in self.rows]
-        whole = index == list(range(len(self.prompts) * self.k))
-        self.index = None if whole else torch.tensor(index, device=self.generators[0].device)
-
-    def draw(self) -> torch.Tensor:
-        """One step's noise, (decoded rows, vocabulary) float32."""
-        device = self.generators[0].device
-        blocks = torch.empty(
-            (len(self.prompts), self.k, self.vocabulary), dtype=torch.float32, device=device
-        )
-        for place, prompt in enumerate(self.prompts):
-            blocks[place].exponential_(generator=self.generators[prompt])
-        noise = blocks.view(-1, self.vocabulary)
-        return noise if self.index is None else noise[self.index]
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """SPEC "Sampling": each row's token is the first whose cumulative probability (float64
+    sums, in vocabulary order) passes u x the row's total, so a token is drawn with its share
+    of the total and one of probability 0 never. A row that is not finite draws the last
+    token; `require_finite` stops the scan on it."""
+    cumulative = probs.double().cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    point = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, total.new_zeros(())))
+    tokens = torch.searchsorted(cumulative, point, right=True).squeeze(-1)
+    return tokens.clamp_(max=probs.shape[-1] - 1)
 
 
 class TransformersBackend(TransformersScoring):
@@ -252,11 +239,10 @@ class TransformersBackend(TransformersScoring):
 
     @staticmethod
     def _next_tokens(
-        logits: torch.Tensor, params: SamplingParams, noise: RowNoise
+        logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor
     ) -> torch.Tensor:  # fmt: skip
-        """The next token of each decoded row, drawn as `torch.multinomial` would draw a
-        prompt's K rows from its generator: argmax(p / q) with q ~ Exp(1) (`RowNoise`). The
-        softmax, nucleus cut and argmax run over all rows at once."""
+        """The next token of each decoded row, drawn from its uniform (`inverse_cdf`). The
+        softmax, nucleus cut and draw run over all rows at once."""
         if params.temperature == 0:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits.float() / params.temperature, dim=-1)
@@ -264,7 +250,7 @@ class TransformersBackend(TransformersScoring):
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0))
-        return (probs / noise.draw()).argmax(dim=-1)
+        return inverse_cdf(probs, uniforms)
 
     def _sample_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
@@ -308,14 +294,14 @@ class TransformersBackend(TransformersScoring):
         position = position.repeat_interleave(k, dim=0)
         stops = torch.tensor(self.stop_ids or [-1], device=self.device)
         rows = torch.arange(total, device=self.device)  # the decoded rows' numbers
-        noise = RowNoise(generators, k, logits.shape[-1])
+        uniforms = step_uniforms(generators, k, params.max_new_tokens)
         ended = torch.zeros(total, dtype=torch.bool, device=self.device)  # of the decoded rows
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         every = ENDED_READ_EVERY.get(torch.device(self.device).type, ENDED_READ_EVERY["other"])
         steps: list[torch.Tensor] = []
         for step in range(1, params.max_new_tokens + 1):
             finite &= torch.isfinite(logits).all()
-            tokens = self._next_tokens(logits, params, noise)
+            tokens = self._next_tokens(logits, params, uniforms[step - 1, rows])
             tokens = torch.where(ended, torch.full_like(tokens, self.pad_id), tokens)
             steps.append(torch.full((total,), self.pad_id, device=self.device).index_put(
                 (rows,), tokens))  # fmt: skip
@@ -332,7 +318,6 @@ class TransformersBackend(TransformersScoring):
                     rows, tokens, mask, position, ended = (
                         rows[going], tokens[going], mask[going], position[going], ended[going]
                     )  # fmt: skip
-                    noise.keep(kept)
             width, position = width + 1, position + 1
             out = self._forward_cached(
                 cache, input_ids=tokens[:, None], attention_mask=mask[:, :width],

@@ -10,10 +10,12 @@
     WatchSettings     how `watch` follows a run that is still training
 
 Every field's metadata says whether it changes the numbers (`numbers`); only those fields
-key the results cache (`Settings.numbers`), together with NUMBERS_VERSION. Those that change
-the sampled traces (`samples`: the engine, what is sampled and how, the prompts' rendering,
-the seed) key the samples cache alone (`Settings.sampling_key`), with SAMPLES_VERSION: a scan
-that differs only in what it scores re-scores the traces already sampled. The CLI builds its
+key the results cache (`Settings.numbers`), together with NUMBERS_VERSION and SAMPLES_VERSION
+(sampled traces are part of the numbers; a trainer's rollouts drop both the sampling group and
+SAMPLES_VERSION). Those that change the sampled traces (`samples`: the engine, what is
+sampled and how, the prompts' rendering, the seed) key the samples cache alone
+(`Settings.sampling_key`), with SAMPLES_VERSION: a scan that differs only in what it scores
+re-scores the traces already sampled. The CLI builds its
 options from these fields (`collapsecheck.cli`), so a flag is declared once, here.
 
 This module is the floor: it imports nothing of the package but its errors. It checks what a
@@ -589,8 +591,13 @@ class Settings:
         )
 
     def numbers(self) -> dict[str, Any]:
-        """The settings that change the numbers, in JSON-able form: the cache key's part."""
-        return {"numbers_version": NUMBERS_VERSION, **self._marked("numbers")}
+        """The settings that change the numbers, in JSON-able form: the cache key's part. The
+        traces a scan samples are part of its numbers, so SAMPLES_VERSION keys them too."""
+        return {
+            "numbers_version": NUMBERS_VERSION,
+            "samples_version": SAMPLES_VERSION,
+            **self._marked("numbers"),
+        }
 
     def sampling_key(self) -> dict[str, Any]:
         """The settings that change the sampled traces, in JSON-able form: the samples

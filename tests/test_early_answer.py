@@ -147,7 +147,8 @@ def test_without_early_answering_nothing_is_scored_for_it(decided_early):
     assert skipped.early_answer.regime == "not_measured"
     assert skipped.early_answer.reason == "--no-early-answer"
     assert math.isnan(skipped.value("early_answer_aoc"))
-    assert skipped.metrics["normalized_mi"] == report.metrics["normalized_mi"]
+    # the same traces and scores; the batches differ, so float32 rounding may (about 1e-8)
+    assert skipped.value("normalized_mi") == pytest.approx(report.value("normalized_mi"), abs=1e-6)
     assert skipped.timing["tokens_scored"] < report.timing["tokens_scored"]
     assert "collapse/early_answer_agreement/0.25" not in skipped.scalars()
     scalars = report.scalars()

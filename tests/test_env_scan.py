@@ -48,6 +48,16 @@ def gridworld():
     return module
 
 
+def action_of(response):
+    """The action as SPEC "Information flow" locates it, written out for these tags: the
+    <answer> segment after a whole <think> segment, "" where the response has none."""
+    _, opened, rest = response.partition("<think>")
+    _, closed, after = rest.partition("</think>")
+    _, started, tail = after.partition("<answer>")
+    answer, ended, _ = tail.partition("</answer>")
+    return answer if opened and closed and started and ended else ""
+
+
 def test_played_episodes_replay_in_their_environment(played):
     dump, _ = played
     episodes = episodes_of(dump)
@@ -59,9 +69,7 @@ def test_played_episodes_replay_in_their_environment(played):
         assert episode["seed"] == episode["start"]  # --env-seed 0: seeds 0 .. N-1
         for turn in episode["turns"]:
             assert turn["state"] == state
-            # the action is the response's <answer> segment, "" where it has none
-            answer = turn["response"].partition("<answer>")[2].partition("</answer>")[0]
-            assert turn["action"] == (answer if "</answer>" in turn["response"] else "")
+            assert turn["action"] == action_of(turn["response"])
             state, reward, done, info = env.step(turn["action"])
             assert turn["reward"] == reward and turn["info"] == info
         assert episode["final_state"] == state
@@ -140,10 +148,11 @@ def test_by_turn_of_one_turn_is_the_pooled_matrix(tmp_path):
     (entry,) = report.by_turn
     assert entry.turn == 1 and entry.contexts == 6 and entry.pairs == 12
     for key in ("normalized_mi", "retrieval_skill", "conditional_entropy_est"):
-        # the same matrix, scored in other batches (the pooled call scores the flow too)
+        # the same matrix, scored in other batches (the pooled call scores the flow too), so
+        # within float32's rounding of the log-probabilities
         mine, pooled = entry.metrics[key], report.metrics[key]
         assert (mine.value, mine.low, mine.high) == pytest.approx(
-            (pooled.value, pooled.low, pooled.high), rel=1e-6, abs=1e-9
+            (pooled.value, pooled.low, pooled.high), rel=1e-5, abs=1e-9
         ), key
 
 

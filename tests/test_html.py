@@ -232,7 +232,8 @@ def test_run_page_has_the_plot_the_run_table_and_a_heatmap_per_step(tmp_path):
     assert len(page.all("img", **{"class": "curve"})) == 2  # the run's and the latest step's
     # where the input shows: the run's steps by tenths, and the latest step's tenths
     assert len(page.all("img", **{"class": "profile"})) == 2
-    assert "decline begins" in "".join(page.text)
+    # the onset's step and kind (KINDS in measures/onset.py) in the console's words
+    assert re.search(r"onset: step \d+ \((collapsed|decline begins)\)", "".join(page.text))
     assert "[run.html](run.html)" in (tmp_path / "run.md").read_text()
 
 

@@ -135,3 +135,24 @@ def test_a_scan_without_out_keeps_its_traces_and_rescan_draws_them_anew(tmp_path
     fresh, said = scan("--whole-response", "--rescan")
     assert fresh.exit_code == 0 and "sampling: 0/6" in said
     assert "read from the samples cache" not in said
+
+
+def test_a_new_sampler_version_samples_again_and_never_answers_from_the_old_scans(
+    tmp_path, monkeypatch
+):
+    """A code change that alters the traces of unchanged settings bumps SAMPLES_VERSION:
+    neither the samples cache nor the results cache may answer with the old version's
+    traces or numbers."""
+    from collapsecheck import settings
+
+    out = tmp_path / "cache"
+    first, said = scan("--whole-response", "--out", out)
+    assert first.exit_code == 0 and "sampling: 0/6" in said
+    cached, said = scan("--whole-response", "--out", out)
+    assert cached.exit_code == 0 and "sampling:" not in said
+    assert "plan: 1 checkpoint (1 cached)" in said  # answered from the results cache
+    monkeypatch.setattr(settings, "SAMPLES_VERSION", settings.SAMPLES_VERSION + 1)
+    newer, said = scan("--whole-response", "--out", out)
+    assert newer.exit_code == 0, newer.output
+    assert "sampling: 0/6" in said and "from the samples cache" not in said
+    assert "(1 cached)" not in said

@@ -77,10 +77,12 @@ class RolloutTraces:
     sampled: SampledTemperature | None = None
 
     def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
-        """Those that change the numbers, less sampling (nothing is sampled), with the
-        training prompts the inputs were matched to and the temperature the rollouts were
-        sampled at where it came from outside their file (--temperature, a saved config)."""
-        key = {k: v for k, v in settings.numbers().items() if k != "sampling"}
+        """Those that change the numbers, less sampling and the sampler's version (nothing is
+        sampled), with the training prompts the inputs were matched to and the temperature
+        the rollouts were sampled at where it came from outside their file (--temperature, a
+        saved config)."""
+        unsampled = ("sampling", "samples_version")
+        key = {k: v for k, v in settings.numbers().items() if k not in unsampled}
         key["traces"] = "trainer rollouts"
         if self.training_prompts is not None:
             key["training_prompts_sha256"] = file_sha256(self.training_prompts)

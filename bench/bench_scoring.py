@@ -20,6 +20,7 @@ import argparse
 import datetime
 import platform
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -197,13 +198,13 @@ def main() -> None:
         print(f"added the row to {DOCS}")
 
 
-def alternating(run, rounds: int) -> dict[bool, list]:
-    """`run(on)` for on = False, True, alternating, `rounds` times each (what a feature adds,
-    measured in one run with the machine's drift shared by both)."""
-    runs: dict[bool, list] = {False: [], True: []}
+def alternating(run, rounds: int, arms: Sequence = (False, True)) -> dict:
+    """`run(arm)` for each arm in turn (by default on = False, True), `rounds` times each (what
+    a feature adds, measured in one run with the machine's drift shared by all)."""
+    runs: dict = {arm: [] for arm in arms}
     for _ in range(rounds):
-        for on in (False, True):
-            runs[on].append(run(on))
+        for arm in arms:
+            runs[arm].append(run(arm))
     return runs
 
 

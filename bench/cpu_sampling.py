@@ -1,13 +1,14 @@
 """Where the CPU's sampling time goes (issue 57, item 7), on the real pretrained model of
 bench/real_model.py (SmolLM2-135M-Instruct, float32), measured in one run:
 
-1. one `torch.profiler` trace of a sampling stage, its self time by kind of work;
-2. the stage with the key/value cache concatenated every step (transformers' `DynamicLayer`,
-   the sampler before) against laid out for decoding (`decode_cache.PreallocatedLayer`),
-   alternating;
-3. the draw alone at the stage's shape: samples version 1's (Exp(1) noise over the whole
-   vocabulary for every row, argmax(p / q), as `torch.multinomial` draws) against version 2's
-   (`hf.inverse_cdf`, one uniform a row).
+1. one `torch.profiler` trace of a sampling stage as the sampler runs it, its self time by kind
+   of work;
+2. the whole stage three ways, alternating: as it runs now (the key/value cache laid out for
+   decoding, `decode_cache.PreallocatedLayer`, and samples version 2's draw); with the cache
+   concatenated every step instead (transformers' `DynamicLayer`, the sampler before); and
+   with samples version 1's draw instead (Exp(1) noise over the whole vocabulary for every row
+   from its prompt's generator, argmax(p / q), as `torch.multinomial` draws);
+3. the draw alone at the stage's shape, each version.
 
 The stage: PROMPTS random prompts of PROMPT_TOKENS tokens, K = 4, NEW_TOKENS new tokens with
 the stop tokens ignored (every row decodes to the limit, so each run does the same work), all
@@ -61,15 +62,27 @@ def concatenating(cache, repeats: int, new_tokens: int) -> None:
     cache.batch_repeat_interleave(repeats)
 
 
-def stage(backend: TransformersBackend, prompts, concatenated: bool) -> float:
-    """Seconds of one sampling stage, the cache concatenated or laid out for decoding."""
-    laid_out = hf.preallocate
-    hf.preallocate = concatenating if concatenated else laid_out
+STAGES = {  # arm -> (the cache concatenated, version 1's draw)
+    "as it runs now (cache laid out, draw by inverse CDF)": (False, False),
+    "the cache concatenated every step (transformers' DynamicLayer)": (True, False),
+    "samples version 1's draw (Exp(1) noise over the vocabulary)": (False, True),
+}
+
+
+def stage(backend: TransformersBackend, prompts, arm: str) -> float:
+    """Seconds of one sampling stage, the sampler as `STAGES[arm]` says."""
+    concatenated, exponential = STAGES[arm]
+    laid_out, drawn = hf.preallocate, hf.inverse_cdf
+    generators = [torch.Generator().manual_seed(i) for i in range(PROMPTS)]
+    if concatenated:
+        hf.preallocate = concatenating
+    if exponential:  # no row leaves the batch (stop tokens ignored): a block per prompt
+        hf.inverse_cdf = lambda probs, uniforms: exponential_draw(probs, generators)
     try:
         params = SamplingParams(k=K, max_new_tokens=NEW_TOKENS, seed=0)
         return seconds_of(lambda: backend.generate(prompts, params, no_progress))
     finally:
-        hf.preallocate = laid_out
+        hf.preallocate, hf.inverse_cdf = laid_out, drawn
 
 
 def exponential_draw(probs: torch.Tensor, generators) -> torch.Tensor:
@@ -113,9 +126,11 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 49000) for _ in range(PROMPT_TOKENS)] for _ in range(PROMPTS)]
     matmul = matmul_gflops()
-    stage(backend, prompts, concatenated=False)  # every weight paged in
-    shares = profiled_shares(lambda: stage(backend, prompts, False), KINDS)
-    runs = alternating(lambda on: stage(backend, prompts, concatenated=not on), args.rounds)
+    now = next(iter(STAGES))
+    stage(backend, prompts, now)  # every weight paged in
+    shares = profiled_shares(lambda: stage(backend, prompts, now), KINDS)
+    runs = alternating(lambda arm: stage(backend, prompts, arm), args.rounds, arms=list(STAGES))
+    medians = {arm: statistics.median(seconds) for arm, seconds in runs.items()}
     draws = draw_ms(backend.model.config.vocab_size, args.rounds)
     tokens = PROMPTS * K * NEW_TOKENS
 
@@ -123,7 +138,6 @@ def main() -> None:
         gflops = 2 * parameters * tokens / seconds / 1e9
         return f"{seconds:.1f} | {tokens / seconds:.0f} | {gflops:.0f} | {gflops / matmul:.0%}"
 
-    before, after = statistics.median(runs[False]), statistics.median(runs[True])
     lines = [
         HEADING,
         "",
@@ -141,16 +155,17 @@ def main() -> None:
         "|---|---|",
         *(f"| {kind} | {share:.1%} |" for kind, share in shares.items()),
         "",
-        f"The whole stage (the draw as now), alternating, medians of {args.rounds}:",
+        f"The whole stage, the three ways alternating, medians of {args.rounds}:",
         "",
-        "| key/value cache | seconds | tokens/s | GFLOP/s | of matmul |",
-        "|---|---|---|---|---|",
-        f"| concatenated every step (transformers' DynamicLayer) | {rate(before)} |",
-        f"| laid out for decoding (PreallocatedLayer) | {rate(after)} |",
+        "| sampler | seconds | tokens/s | GFLOP/s | of matmul | its time / now's |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {arm} | {rate(seconds)} | {seconds / medians[now]:.2f} |"
+            for arm, seconds in medians.items()
+        ),
         "",
-        f"The cache's layout alone: {before / after:.2f}x. One step's draw for the "
-        f"{PROMPTS * K} rows over the {backend.model.config.vocab_size:,}-token vocabulary, "
-        f"best of {args.rounds + 3}: "
+        f"One step's draw for the {PROMPTS * K} rows over the "
+        f"{backend.model.config.vocab_size:,}-token vocabulary, best of {args.rounds + 3}: "
         + "; ".join(f"{name} {ms:.1f} ms" for name, ms in draws.items())
         + ".",
     ]

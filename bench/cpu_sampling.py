@@ -48,8 +48,8 @@ KINDS = {  # profiler op -> kind of work (the rest: other)
         "aten::_softmax", "aten::exponential", "aten::cumsum", "aten::searchsorted",
         "aten::argmax", "aten::div",
     ),
-    "finiteness and stop checks": ("aten::isfinite", "aten::abs", "aten::eq", "aten::ne",
-                                   "aten::all", "aten::isin"),
+    "finiteness and stop checks": ("aten::amax", "aten::isfinite", "aten::abs", "aten::eq",
+                                   "aten::ne", "aten::all", "aten::isin"),
     "element-wise (norms, rotary, activations)": (
         "aten::mul", "aten::add", "aten::silu", "aten::pow", "aten::mean", "aten::rsqrt",
         "aten::neg", "aten::where",

@@ -199,3 +199,18 @@ def test_preallocated_layer_holds_what_concatenation_holds():
     assert torch.equal(layer.keys, expected_keys[[3, 0]])
     layer.update(torch.zeros(2, 3, 1, 5), torch.zeros(2, 3, 1, 5))
     assert torch.equal(layer.keys[..., :-1, :], expected_keys[[3, 0]])
+
+
+def test_a_row_is_sampleable_unless_nan_positive_infinity_or_all_negative_infinity():
+    from collapsecheck.engines.backends.hf import inverse_cdf, sampleable
+
+    inf, nan = float("inf"), float("nan")
+    fine = torch.tensor([[0.5, -inf, 1.0, -inf], [2.0, 1.0, 0.0, -1.0]])
+    assert bool(sampleable(fine))
+    # a token at -inf is probability 0: never drawn
+    probs = torch.softmax(fine, dim=-1)
+    uniforms = torch.rand(2000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    drawn = inverse_cdf(probs[[0]].repeat(2000, 1), uniforms)
+    assert set(drawn.tolist()) == {0, 2}
+    for bad in ([0.0, nan, 1.0, 2.0], [0.0, inf, 1.0, 2.0], [-inf] * 4):
+        assert not bool(sampleable(torch.cat([fine, torch.tensor([bad])]))), bad

@@ -117,8 +117,17 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[tor
 ENDED_READ_EVERY = {"cpu": 1, "other": 8}
 
 
+def sampleable(logits: torch.Tensor) -> torch.Tensor:
+    """Whether every row of logits is a distribution to sample from, as a 0-d bool on the
+    logits' device: no NaN, no +inf, and not every token at -inf. A token at -inf alone is
+    probability 0, and fine. One reduction per row (`amax` propagates NaN), no copy of the
+    logits."""
+    return torch.isfinite(logits.amax(dim=-1)).all()
+
+
 def require_finite(finite: torch.Tensor) -> None:
-    """Stop with one line where the logits sampled from held a NaN or an infinity."""
+    """Stop with one line where the logits sampled from held a NaN or an infinity
+    (`sampleable`)."""
     if not bool(finite):
         raise CollapsecheckError(
             "the model produced NaN or infinite logits while sampling: no verdict "
@@ -300,7 +309,7 @@ class TransformersBackend(TransformersScoring):
         every = ENDED_READ_EVERY.get(torch.device(self.device).type, ENDED_READ_EVERY["other"])
         steps: list[torch.Tensor] = []
         for step in range(1, params.max_new_tokens + 1):
-            finite &= torch.isfinite(logits).all()
+            finite &= sampleable(logits)
             tokens = self._next_tokens(logits, params, uniforms[step - 1, rows])
             tokens = torch.where(ended, torch.full_like(tokens, self.pad_id), tokens)
             steps.append(torch.full((total,), self.pad_id, device=self.device).index_put(

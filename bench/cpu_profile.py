@@ -30,7 +30,13 @@ import statistics
 
 import torch
 from bench_scoring import alternating, machine, publish, timed
-from real_model import add_real_model_arguments, converted_checkpoint, matmul_gflops, seconds_of
+from real_model import (
+    add_real_model_arguments,
+    converted_checkpoint,
+    matmul_gflops,
+    rate_cells,
+    seconds_of,
+)
 
 from collapsecheck.engines.backends import logit_head
 from collapsecheck.engines.backends.base import ScoreRequest, no_progress
@@ -194,8 +200,7 @@ def main() -> None:
     compile_run = compiled(backend, requests, args.rounds) if args.compile else None
 
     def rate(seconds: float) -> str:
-        gflops = 2 * parameters * tokens / seconds / 1e9
-        return f"{seconds:.1f} | {gflops:.0f} | {gflops / matmul:.0%}"
+        return f"{seconds:.1f} | {rate_cells(parameters, tokens, seconds, matmul)}"
 
     lines = [
         HEADING,

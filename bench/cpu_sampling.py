@@ -28,7 +28,13 @@ import statistics
 import torch
 from bench_scoring import alternating, machine, publish
 from cpu_profile import profiled_shares
-from real_model import add_real_model_arguments, converted_checkpoint, matmul_gflops, seconds_of
+from real_model import (
+    add_real_model_arguments,
+    converted_checkpoint,
+    matmul_gflops,
+    rate_cells,
+    seconds_of,
+)
 
 from collapsecheck.engines.backends import hf
 from collapsecheck.engines.backends.base import SamplingParams, no_progress
@@ -73,10 +79,10 @@ def stage(backend: TransformersBackend, prompts, arm: str) -> float:
     """Seconds of one sampling stage, the sampler as `STAGES[arm]` says."""
     concatenated, exponential = STAGES[arm]
     laid_out, drawn = hf.preallocate, hf.inverse_cdf
-    generators = [torch.Generator().manual_seed(i) for i in range(PROMPTS)]
     if concatenated:
         hf.preallocate = concatenating
     if exponential:  # no row leaves the batch (stop tokens ignored): a block per prompt
+        generators = [torch.Generator().manual_seed(i) for i in range(PROMPTS)]
         hf.inverse_cdf = lambda probs, uniforms: exponential_draw(probs, generators)
     try:
         params = SamplingParams(k=K, max_new_tokens=NEW_TOKENS, seed=0)
@@ -135,8 +141,8 @@ def main() -> None:
     tokens = PROMPTS * K * NEW_TOKENS
 
     def rate(seconds: float) -> str:
-        gflops = 2 * parameters * tokens / seconds / 1e9
-        return f"{seconds:.1f} | {tokens / seconds:.0f} | {gflops:.0f} | {gflops / matmul:.0%}"
+        cells = rate_cells(parameters, tokens, seconds, matmul)
+        return f"{seconds:.1f} | {tokens / seconds:.0f} | {cells}"
 
     lines = [
         HEADING,

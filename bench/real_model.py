@@ -103,6 +103,13 @@ def add_real_model_arguments(parser: argparse.ArgumentParser, rounds: int | None
         parser.add_argument("--rounds", type=int, default=rounds)
 
 
+def rate_cells(parameters: int, tokens: int, seconds: float, matmul: float) -> str:
+    """The "GFLOP/s | of matmul" cells of a Markdown row: 2 FLOPs per parameter and token,
+    against the machine's matmul rate."""
+    gflops = 2 * parameters * tokens / seconds / 1e9
+    return f"{gflops:.0f} | {gflops / matmul:.0%}"
+
+
 def seconds_of(work) -> float:
     started = time.perf_counter()
     work()
@@ -160,7 +167,6 @@ def main() -> None:
         backend.sample_batch = max(rates, key=lambda r: r["tokens"] / r["seconds"])["batch"]
         small = scored(checkpoint, prompts, backend, N, K, "all")
         large = scored(checkpoint, prompts, backend, 64, 2, "auto")
-    flops = 2 * parameters
     lines = [
         MARKER,
         "",
@@ -179,8 +185,8 @@ def main() -> None:
         "|---|---|---|---|---|---|",
         *(
             f"| {r['batch']} | {r['seconds']:.1f} | {r['tokens']:,} | "
-            f"{r['tokens'] / r['seconds']:.0f} | {flops * r['tokens'] / r['seconds'] / 1e9:.0f} "
-            f"| {flops * r['tokens'] / r['seconds'] / 1e9 / matmul:.0%} |"
+            f"{r['tokens'] / r['seconds']:.0f} | "
+            f"{rate_cells(parameters, r['tokens'], r['seconds'], matmul)} |"
             for r in rates
         ),
         "",
@@ -194,8 +200,7 @@ def main() -> None:
         "|---|---|---|---|---|",
         *(
             f"| {shape} | {t['tokens_scored']:,} | {t['scoring_s']:.1f} | "
-            f"{flops * t['tokens_scored'] / t['scoring_s'] / 1e9:.0f} | "
-            f"{flops * t['tokens_scored'] / t['scoring_s'] / 1e9 / matmul:.0%} |"
+            f"{rate_cells(parameters, t['tokens_scored'], t['scoring_s'], matmul)} |"
             for shape, t in (
                 (f"N = {N} x K = {K}, every prompt a column", small),
                 ("N = 64 x K = 2, 15 sampled negatives", large),

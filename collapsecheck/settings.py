@@ -15,8 +15,8 @@ key the results cache (`Settings.numbers`), together with NUMBERS_VERSION and SA
 SAMPLES_VERSION). Those that change the sampled traces (`samples`: the engine, what is
 sampled and how, the prompts' rendering, the seed) key the samples cache alone
 (`Settings.sampling_key`), with SAMPLES_VERSION: a scan that differs only in what it scores
-re-scores the traces already sampled. The CLI builds its
-options from these fields (`collapsecheck.cli`), so a flag is declared once, here.
+re-scores the traces already sampled. The CLI builds its options from these fields
+(`collapsecheck.cli`), so a flag is declared once, here.
 
 This module is the floor: it imports nothing of the package but its errors. It checks what a
 value is on its own (a number's range, flags that exclude each other) where a dataclass is

@@ -16,7 +16,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def tiny_model(kind: str, vocab_size: int, seed: int = 0):
     """A random-initialised causal LM: Llama-, GPT-2- or Gemma 2-style (the last with a
     sliding window of 6 positions in its first layer, full attention in its second, and
-    weights drawn wide enough that its logits depend on what it attends to)."""
+    weights drawn wide enough that its logits depend on what it attends to), or one whose
+    layers carry a state (`tiny_stateful_model`)."""
     import torch
     from transformers import (
         Gemma2Config,
@@ -28,6 +29,8 @@ def tiny_model(kind: str, vocab_size: int, seed: int = 0):
     )
 
     torch.manual_seed(seed)
+    if kind in STATEFUL_KINDS:
+        return tiny_stateful_model(kind, vocab_size)
     if kind == "gpt2":
         config = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=2, n_positions=512)
         return GPT2LMHeadModel(config).eval()
@@ -48,6 +51,48 @@ def tiny_model(kind: str, vocab_size: int, seed: int = 0):
         max_position_embeddings=512,
     )
     return LlamaForCausalLM(config).eval()
+
+
+STATEFUL_KINDS = ("qwen3_5", "mamba", "minimax")
+
+
+def tiny_stateful_model(kind: str, vocab_size: int):
+    """A random causal LM with layers that carry a state (`layer_kinds`): Qwen3.5-style (a
+    gated DeltaNet linear-attention layer, then full attention), Mamba-style (two
+    state-space layers, no attention) or MiniMax-style (full attention, then lightning
+    linear attention, its states in a cache class of its own). Weights drawn wide enough that
+    the logits depend on the state."""
+    from transformers import (
+        MambaConfig,
+        MambaForCausalLM,
+        MiniMaxConfig,
+        MiniMaxForCausalLM,
+        Qwen3_5ForCausalLM,
+        Qwen3_5TextConfig,
+    )
+
+    if kind == "mamba":
+        config = MambaConfig(
+            vocab_size=vocab_size, hidden_size=32, state_size=8, num_hidden_layers=2,
+            initializer_range=0.1,
+        )  # fmt: skip
+        return MambaForCausalLM(config).eval()
+    shape = {
+        "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "max_position_embeddings": 512, "initializer_range": 0.2,
+    }  # fmt: skip
+    if kind == "minimax":
+        config = MiniMaxConfig(
+            **shape, layer_types=["full_attention", "linear_attention"], num_local_experts=2,
+            block_size=4,
+        )  # fmt: skip
+        return MiniMaxForCausalLM(config).eval()
+    config = Qwen3_5TextConfig(
+        **shape, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+    )  # fmt: skip
+    return Qwen3_5ForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="session")

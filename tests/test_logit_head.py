@@ -3,7 +3,9 @@ decoder's hidden states at the scored positions, the LM head in tiles with a run
 log-sum-exp, each model's own logit transform kept. Every value against a plain forward pass
 of the whole model (its logits as its forward returns them, / the temperature), within 1e-5
 nats a token in float32, for Llama-, Qwen2-, Gemma 2- (soft-capped), Granite- (scaled) and
-Cohere-style (scaled) random models, tiles far smaller than the vocabulary."""
+Cohere-style (scaled) random models, and Qwen3.5- and Granite 4.0 hybrid-style ones (linear
+attention or state-space layers beside full attention: the naive scorer), tiles far smaller
+than the vocabulary."""
 
 import numpy as np
 import pytest
@@ -35,17 +37,33 @@ def families():
         CohereConfig,
         Gemma2Config,
         GraniteConfig,
+        GraniteMoeHybridConfig,
         LlamaConfig,
         Qwen2Config,
+        Qwen3_5TextConfig,
     )
 
+    hybrid = {"layer_types": ["linear_attention", "full_attention"]}
     return {
         "llama": (LlamaConfig, {}),
         "qwen2": (Qwen2Config, {}),
         "gemma2": (Gemma2Config, {"final_logit_softcapping": 2.0}),
         "granite": (GraniteConfig, {"logits_scaling": 3.0}),
         "cohere": (CohereConfig, {"logit_scale": 0.4}),
-    }
+        # layers that carry a state (`layer_kinds`): scored by the naive scorer
+        "qwen3_5": (Qwen3_5TextConfig, {
+            **hybrid, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+        }),
+        "granitemoehybrid": (GraniteMoeHybridConfig, {
+            **hybrid, "logits_scaling": 3.0, "mamba_n_heads": 4, "mamba_d_head": 16,
+            "mamba_d_state": 8, "mamba_chunk_size": 8, "num_local_experts": 2,
+            "shared_intermediate_size": 64,
+        }),
+    }  # fmt: skip
+
+
+STATEFUL = ("qwen3_5", "granitemoehybrid")
 
 
 @pytest.fixture(scope="module", params=sorted(families()))
@@ -101,6 +119,9 @@ def test_every_token_equals_a_plain_forward_pass(
         path, LoadSettings(device="cpu", dtype="float32"), scorer=scorer
     )
     assert backend.describe()["logits"].startswith("tiled LM head"), name
+    if name in STATEFUL:  # whichever scorer was asked for, and the report says so
+        assert backend.scorer == "naive", name
+        assert (scorer == "naive") == (backend.describe()["scorer"] == "naive"), name
     requests = branched_requests(np.random.default_rng(1))
     scored = backend.loglikelihood_per_token(requests, no_progress, temperature)
     worst = 0.0
@@ -126,7 +147,7 @@ def test_the_transform_is_the_models_own(family_checkpoint):
         own = model(input_ids=ids).logits[0]
         mine = head.transformed(torch.nn.functional.linear(hidden, head.weight), 1.0)
     assert torch.allclose(own, mine, atol=1e-5), name
-    if name != "llama" and name != "qwen2":  # the transform matters: without it, other logits
+    if name not in ("llama", "qwen2", "qwen3_5"):  # the transform matters: without it, other logits
         plain = torch.nn.functional.linear(hidden, head.weight)
         assert not torch.allclose(own, plain, atol=1e-3), name
 

@@ -9,7 +9,7 @@ from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.prompts import load_prompts, render_prompt
 from collapsecheck.settings import LoadSettings, SamplingSettings
-from tests.conftest import HEALTHY, PROMPTS
+from tests.conftest import HEALTHY, PROMPTS, STATEFUL_KINDS
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def reference_samples(model, prompt, k, seed, params, stop):
     return out
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2", *STATEFUL_KINDS])
 @pytest.mark.parametrize("read_every", [1, 8])
 def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(
     kind, read_every, demo_tokenizer, monkeypatch
@@ -107,8 +107,10 @@ def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(
     """Prompts of different lengths decoded together, rows leaving the batch as they end,
     the tokens drawn for all rows at once, which rows have ended read every step (a CPU's
     way) or every few (a GPU's), the cache laid out for decoding (`decode_cache`; Gemma 2's
-    sliding-window layer kept as transformers makes it): the same traces as the plain loop
-    above, for every batch size."""
+    sliding-window layer kept as transformers makes it; the states of Qwen3.5's linear
+    attention and Mamba's state-space layers repeated and picked by row, MiniMax's own cache
+    repeated by its own method): the same traces as the plain loop above, for every batch
+    size, left padding included."""
     from collapsecheck.engines.backends import hf
     from collapsecheck.engines.backends.base import prompt_seed
     from tests.conftest import tiny_model
@@ -116,7 +118,7 @@ def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(
     monkeypatch.setitem(hf.ENDED_READ_EVERY, "cpu", read_every)
 
     # a seed whose rows end at different steps (checked below)
-    model = tiny_model(kind, len(demo_tokenizer), seed={"gemma2": 5}.get(kind, 1))
+    model = tiny_model(kind, len(demo_tokenizer), seed={"gemma2": 5, "mamba": 2}.get(kind, 1))
     stop = demo_tokenizer.eos_token_id
     model.generation_config.eos_token_id = stop
     texts = ["state 1 2", "a longer prompt of more tokens than the others", "x", "state 3 4 go"]

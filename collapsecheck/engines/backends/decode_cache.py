@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -77,18 +77,23 @@ class PreallocatedLayer(DynamicLayer):
         self._show_filled(length)
 
 
-def preallocate(cache: Any, repeats: int, new_tokens: int) -> None:
-    """Repeat each row of a prefilled cache `repeats` times, its plain (`DynamicLayer`) layers
-    into buffers with room for `new_tokens` more positions; other layers (sliding windows,
-    a model's own kinds) are repeated as they are. A cache without layers (an older
-    transformers, a model's own class) is repeated by its own method."""
+def preallocate(cache: Any, rows: int, repeats: int, new_tokens: int) -> bool:
+    """Repeat each of the `rows` rows of a prefilled cache `repeats` times, its plain
+    (`DynamicLayer`) layers into buffers with room for `new_tokens` more positions; every
+    other layer (sliding windows, layers that carry a state: `layer_kinds`) has its rows
+    picked by `reorder_cache`, the method each kind of layer implements whole. A cache of a
+    model's own class (MiniMax's, an older transformers' without layers) keeps state that
+    its layers do not show: it is repeated by its own method, and its rows are kept to the
+    end of the decode. Returns whether rows may leave the batch (`reorder_cache`)."""
     layers = getattr(cache, "layers", None)
-    if layers is None:
+    if type(cache) is not DynamicCache or layers is None:
         cache.batch_repeat_interleave(repeats)
-        return
+        return False
+    picked = torch.arange(rows).repeat_interleave(repeats)
     for place, layer in enumerate(layers):
         if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel():
             capacity = layer.keys.shape[-2] + new_tokens
             layers[place] = PreallocatedLayer(layer.keys, layer.values, repeats, capacity)
         else:
-            layer.batch_repeat_interleave(repeats)
+            layer.reorder_cache(picked)
+    return True

@@ -24,6 +24,7 @@ from collapsecheck.engines.backends.hf_scoring import (
     cache_keyword,
     returned_cache,
 )
+from collapsecheck.engines.backends.layer_kinds import attending_layers, stateful_kinds
 from collapsecheck.engines.backends.logit_head import LogitHead, tile_bytes
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.checkpoint import (
@@ -63,12 +64,18 @@ def auto_batch_tokens(model: Any, tiled: bool | None = None) -> int:
 
 
 def kv_bytes_per_token(model: Any) -> int:
-    """The keys and values one token keeps in the cache, over all layers."""
+    """The keys and values one token keeps in the cache, over the layers that attend
+    (`layer_kinds`; a layer that carries a state keeps the same few bytes whatever the
+    length)."""
+    layers = attending_layers(model)
+    if not layers:
+        return 0
     config = model.config.get_text_config()
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    query_heads = config.num_attention_heads
+    heads = getattr(config, "num_key_value_heads", None) or query_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // query_heads
     element = next(model.parameters()).element_size()
-    return 2 * config.num_hidden_layers * heads * head_dim * element
+    return 2 * layers * heads * head_dim * element
 
 
 def memory_budget(device: torch.device) -> float:
@@ -97,6 +104,20 @@ def auto_sample_batch(model: Any, length: int) -> int:
 def resolve_batch_tokens(value: int | str, model: Any) -> int:
     """--batch-tokens (checked in LoadSettings): a number, or `auto` sized to the memory."""
     return auto_batch_tokens(model) if value == AUTO else int(value)
+
+
+def scorer_for(model: Any, asked: str) -> tuple[str, str | None]:
+    """The scorer that runs, and why where it is not the one asked for: a model with layers
+    that carry a state (`layer_kinds`) is scored by `naive`, one plain pass per request, since
+    the cached scorer carries a context's cache into packed rows."""
+    kinds = stateful_kinds(model)
+    if asked != "cached" or not kinds:
+        return asked, None
+    model_type = model.config.get_text_config().model_type
+    return "naive", (
+        f"not cached: {model_type}'s {', '.join(kinds)} layers carry a state, which packed "
+        "rows cannot share"
+    )
 
 
 def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[torch.Tensor, ...]:
@@ -185,7 +206,8 @@ class TransformersBackend(TransformersScoring):
         self.tokenizer = tokenizer
         config = model.config.get_text_config()
         self.max_length: int | None = getattr(config, "max_position_embeddings", None)
-        self.scorer = scorer
+        self.scorer, self.scorer_reason = scorer_for(model, scorer)
+        self.attends = attending_layers(model) > 0
         self.batch_tokens = resolve_batch_tokens(batch_tokens, model)
         self.sample_batch = sample_batch
         self.device = str(next(model.parameters()).device)
@@ -239,7 +261,7 @@ class TransformersBackend(TransformersScoring):
             "backend": self.name,
             "device": self.device,
             "dtype": str(self.model.dtype).removeprefix("torch."),
-            "scorer": self.scorer,
+            "scorer": self.scorer + (f" ({self.scorer_reason})" if self.scorer_reason else ""),
             "logits": self.logits_path(),
         }
 
@@ -289,14 +311,14 @@ class TransformersBackend(TransformersScoring):
         """K samples for each prefilled prompt (one row each of `cache`, `logits`, `mask`,
         and the last `position`), drawn from its own seeded generator. Which rows have ended
         is read every ENDED_READ_EVERY steps: once a quarter of the decoded rows have, they
-        leave the batch (its cache, mask and positions keep the others). The cache and the
-        mask are sized for the whole decode once (`decode_cache`): a step writes its own
-        token's part."""
+        leave the batch (its cache, mask and positions keep the others), unless the cache is
+        of a model's own class (`preallocate`). The cache and the mask are sized for the whole
+        decode once (`decode_cache`): a step writes its own token's part."""
         k = params.k
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         total = len(seeds) * k
         logits = logits.repeat_interleave(k, dim=0)
-        preallocate(cache, k, params.max_new_tokens)
+        shrinks = preallocate(cache, len(seeds), k, params.max_new_tokens)
         width = mask.shape[1]  # the mask's filled part: its ones after it are the new tokens'
         mask = torch.cat([mask, mask.new_ones((len(seeds), params.max_new_tokens))], dim=1)
         mask = mask.repeat_interleave(k, dim=0)
@@ -320,7 +342,7 @@ class TransformersBackend(TransformersScoring):
                 done = ended.tolist()
                 if all(done) or step == params.max_new_tokens:
                     break
-                if 4 * sum(done) >= len(done):
+                if shrinks and 4 * sum(done) >= len(done):
                     kept = [i for i, row_ended in enumerate(done) if not row_ended]
                     going = torch.tensor(kept, device=self.device)
                     cache.reorder_cache(going)
@@ -328,9 +350,11 @@ class TransformersBackend(TransformersScoring):
                         rows[going], tokens[going], mask[going], position[going], ended[going]
                     )  # fmt: skip
             width, position = width + 1, position + 1
+            # a model with no attention layer (Mamba's) folded the padding into its state at
+            # the prefill, and reads a mask as the new token's alone, as its own generate does
             out = self._forward_cached(
-                cache, input_ids=tokens[:, None], attention_mask=mask[:, :width],
-                position_ids=position, use_cache=True,
+                cache, input_ids=tokens[:, None], position_ids=position, use_cache=True,
+                attention_mask=mask[:, :width] if self.attends else None,
             )  # fmt: skip
             cache, logits = returned_cache(out), out.logits[:, -1, :]
         decoded = torch.stack(steps, dim=1).tolist()

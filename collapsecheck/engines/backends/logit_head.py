@@ -28,6 +28,7 @@ KNOWN_HEADS = frozenset({
     "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
     "gemma2", "gemma3_text", "gemma3", "granite", "granitemoe", "cohere", "cohere2", "phi3",
     "olmo", "olmo2", "smollm3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe",
+    "qwen3_5_text", "granitemoehybrid",
 })  # fmt: skip
 FULL_LOGITS = "full logits"
 

@@ -1,0 +1,71 @@
+"""Policies whose layers carry a state instead of keys and values alone (`layer_kinds`):
+Qwen3.5's gated DeltaNet beside full attention, Mamba's state-space layers with no attention
+at all, MiniMax's lightning attention in a cache class of its own. A scan runs end to end
+(their sampling is checked token for token in test_sampling.py, their scoring value for value
+in test_logit_head.py), scores with the naive scorer, and its report says why."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from collapsecheck.cli import app
+from collapsecheck.engines.backends.hf import kv_bytes_per_token, scorer_for
+from collapsecheck.engines.backends.layer_kinds import attending_layers, stateful_kinds
+from tests.conftest import PROMPTS, STATEFUL_KINDS, tiny_model
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", params=STATEFUL_KINDS)
+def stateful_checkpoint(request, tmp_path_factory, demo_tokenizer):
+    path = tmp_path_factory.mktemp(f"stateful-{request.param}")
+    model = tiny_model(request.param, len(demo_tokenizer))
+    model.generation_config.eos_token_id = demo_tokenizer.eos_token_id
+    model.save_pretrained(path)
+    demo_tokenizer.save_pretrained(path)
+    return request.param, path
+
+
+def scan_report(path, tmp_path, *extra):
+    report_path = tmp_path / f"report{len(extra)}.json"
+    result = runner.invoke(app, [
+        "scan", str(path), "-p", str(PROMPTS), "-n", "4", "-k", "3", "--max-new-tokens", "12",
+        "--whole-response", "--device", "cpu", "--fail-on", "none", "--json", str(report_path),
+        *extra,
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "verdict:" in result.output
+    return json.loads(report_path.read_text())
+
+
+def test_a_scan_runs_end_to_end_scored_by_the_naive_scorer(stateful_checkpoint, tmp_path):
+    """The default scan (`--scorer auto`: cached) is scored by the naive scorer, says why,
+    and measures what a scan asking for the naive scorer measures."""
+    kind, path = stateful_checkpoint
+    report = scan_report(path, tmp_path)
+    said = report["settings"]["scorer"]
+    assert said.startswith("naive (not cached: "), said
+    assert "linear_attention layers carry a state" in said, said
+    asked = scan_report(path, tmp_path, "--scorer", "naive")
+    assert asked["settings"]["scorer"] == "naive"
+    for name in ("mi_estimate", "retrieval_accuracy", "conditional_entropy_est"):
+        assert report["metrics"][name] == asked["metrics"][name], (kind, name)
+
+
+def test_what_the_config_says_of_each_kind_of_layer():
+    """Qwen3.5's layer kinds as its config names them; Mamba keeps no keys or values (its
+    memory estimate has no per-token cache); a plain decoder attends in every layer."""
+    qwen = tiny_model("qwen3_5", 57)
+    assert stateful_kinds(qwen) == ("linear_attention",)
+    assert attending_layers(qwen) == 1
+    mamba = tiny_model("mamba", 57)
+    assert attending_layers(mamba) == 0 and kv_bytes_per_token(mamba) == 0
+    llama = tiny_model("llama", 57)
+    assert stateful_kinds(llama) == () and attending_layers(llama) == 2
+    assert scorer_for(llama, "cached") == ("cached", None)
+    assert scorer_for(qwen, "naive") == ("naive", None)  # asked for: nothing to say
+    assert scorer_for(qwen, "cached")[0] == "naive"
+    per_token = 2 * 1 * 2 * 8 * torch.float32.itemsize  # K and V, 1 layer, 2 heads of 8
+    assert kv_bytes_per_token(qwen) == per_token

@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from collapsecheck.cli import app
+from collapsecheck.engines.backends import hf
 from collapsecheck.engines.backends.hf import kv_bytes_per_token, scorer_for
 from collapsecheck.engines.backends.layer_kinds import attending_layers, stateful_kinds
 from tests.conftest import PROMPTS, STATEFUL_KINDS, tiny_model
@@ -69,3 +70,19 @@ def test_what_the_config_says_of_each_kind_of_layer():
     assert scorer_for(qwen, "cached")[0] == "naive"
     per_token = 2 * 1 * 2 * 8 * torch.float32.itemsize  # K and V, 1 layer, 2 heads of 8
     assert kv_bytes_per_token(qwen) == per_token
+
+
+def test_the_state_a_sequence_keeps_sizes_the_sampling_batch(monkeypatch):
+    """Mamba's state per sequence (each layer's convolution window and its state-space state,
+    of every inner channel) is measured whole, and the sampling batch makes room for it."""
+    mamba = tiny_model("mamba", 57)
+    config = mamba.config
+    inner = config.expand * config.hidden_size
+    per_layer = inner * (config.conv_kernel + config.state_size) * torch.float32.itemsize
+    state = hf.state_bytes_per_sequence(mamba)
+    assert state == config.num_hidden_layers * per_layer
+    assert hf.state_bytes_per_sequence(tiny_model("llama", 57)) == 0
+    work = 6 * config.vocab_size * 4  # the sampler's work space over the vocabulary
+    monkeypatch.setattr(hf, "CPU_SCORING_BUDGET", 10 * (state + work))
+    assert hf.auto_sample_batch(mamba, 100, state) == 10
+    assert hf.auto_sample_batch(mamba, 100) > 10  # without it, more than the memory holds

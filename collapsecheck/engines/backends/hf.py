@@ -86,14 +86,42 @@ def memory_budget(device: torch.device) -> float:
     return CPU_SCORING_BUDGET
 
 
-def auto_sample_batch(model: Any, length: int) -> int:
+def state_bytes_per_sequence(model: Any) -> int:
+    """Bytes a sequence's cache keeps whatever its length, in the layers that carry a state
+    (`layer_kinds`; 0 for a model without): measured as every tensor of the cache a
+    one-token prefill leaves (its one token's keys and values are a rounding error)."""
+    if not stateful_kinds(model):
+        return 0
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True)
+    return sum(t.numel() * t.element_size() for t in _tensors_in(returned_cache(out)))
+
+
+def _tensors_in(cache: Any) -> list[torch.Tensor]:
+    """The tensors a cache holds: in its attributes and its layers', dicts and lists opened."""
+    return [t for holder in (cache, *getattr(cache, "layers", [])) for t in _flat(vars(holder))]
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _flat(item)]
+    return []
+
+
+def auto_sample_batch(model: Any, length: int, state_bytes: int = 0) -> int:
     """Sequences of up to `length` tokens (prompt and response) to decode together: as many
     as the memory budget of `auto_batch_tokens` holds at a per-sequence estimate (their
-    key/values at full length, float32 work space over the vocabulary for sampling), up to
-    SAMPLE_BATCH_CAP."""
+    key/values at full length, the `state_bytes` of layers that carry a state, float32 work
+    space over the vocabulary for sampling), up to SAMPLE_BATCH_CAP."""
     vocab = model.config.get_text_config().vocab_size
     per_sequence = (
         kv_bytes_per_token(model) * length
+        + state_bytes
         + 6 * vocab * 4  # logits, probabilities, their float64 running sums, sort (float32 units)
     )
     device = next(model.parameters()).device
@@ -208,6 +236,7 @@ class TransformersBackend(TransformersScoring):
         self.max_length: int | None = getattr(config, "max_position_embeddings", None)
         self.scorer, self.scorer_reason = scorer_for(model, scorer)
         self.attends = attending_layers(model) > 0
+        self.state_bytes: int | None = None  # measured when a sampling batch is first sized
         self.batch_tokens = resolve_batch_tokens(batch_tokens, model)
         self.sample_batch = sample_batch
         self.device = str(next(model.parameters()).device)
@@ -373,7 +402,9 @@ class TransformersBackend(TransformersScoring):
         if self.sample_batch != AUTO:
             return int(self.sample_batch)
         longest = max((len(p) for p in prompts), default=0) + params.max_new_tokens
-        return auto_sample_batch(self.model, longest)
+        if self.state_bytes is None:
+            self.state_bytes = state_bytes_per_sequence(self.model)
+        return auto_sample_batch(self.model, longest, self.state_bytes)
 
     @torch.inference_mode()
     def generate(

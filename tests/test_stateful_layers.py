@@ -38,18 +38,18 @@ def scan_report(path, tmp_path, *extra):
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "verdict:" in result.output
-    return json.loads(report_path.read_text())
+    return json.loads(report_path.read_text()), result.output
 
 
 def test_a_scan_runs_end_to_end_scored_by_the_naive_scorer(stateful_checkpoint, tmp_path):
     """The default scan (`--scorer auto`: cached) is scored by the naive scorer, says why,
     and measures what a scan asking for the naive scorer measures."""
     kind, path = stateful_checkpoint
-    report = scan_report(path, tmp_path)
+    report, _ = scan_report(path, tmp_path)
     said = report["settings"]["scorer"]
     assert said.startswith("naive (not cached: "), said
     assert "linear_attention layers carry a state" in said, said
-    asked = scan_report(path, tmp_path, "--scorer", "naive")
+    asked, _ = scan_report(path, tmp_path, "--scorer", "naive")
     assert asked["settings"]["scorer"] == "naive"
     for name in ("mi_estimate", "retrieval_accuracy", "conditional_entropy_est"):
         assert report["metrics"][name] == asked["metrics"][name], (kind, name)
@@ -86,3 +86,65 @@ def test_the_state_a_sequence_keeps_sizes_the_sampling_batch(monkeypatch):
     monkeypatch.setattr(hf, "CPU_SCORING_BUDGET", 10 * (state + work))
     assert hf.auto_sample_batch(mamba, 100, state) == 10
     assert hf.auto_sample_batch(mamba, 100) > 10  # without it, more than the memory holds
+
+
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+       "shared_expert_intermediate_size": 32}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def qwen3_5_as_shipped(request, tmp_path_factory, demo_tokenizer):
+    """A tiny Qwen3.5 (or Qwen3.5-MoE) checkpoint in the class Qwen ships it in, vision tower
+    and all (`Qwen3_5ForConditionalGeneration`)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    text = {
+        "vocab_size": len(demo_tokenizer), "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "layer_types": ["linear_attention", "full_attention"],
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8, "initializer_range": 0.2,
+    }  # fmt: skip
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+              "out_hidden_size": 32}  # fmt: skip
+    kind = request.param
+    text |= MOE if kind == "qwen3_5_moe" else {}
+    config = AutoConfig.for_model(kind, text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    model.generation_config.eos_token_id = demo_tokenizer.eos_token_id
+    path = tmp_path_factory.mktemp(f"{kind}-as-shipped")
+    model.save_pretrained(path)
+    demo_tokenizer.save_pretrained(path)
+    return kind, path, model
+
+
+def test_qwen3_5_as_shipped_is_read_as_a_text_policy_and_says_so(qwen3_5_as_shipped, tmp_path):
+    """Its language model alone (`Qwen3_5ForCausalLM`), whose logits are the shipped class's
+    on text; the scan says what it read, in the report and on the console."""
+    from collapsecheck.engines.backends.hf import TransformersBackend
+    from collapsecheck.settings import LoadSettings
+
+    kind, path, shipped = qwen3_5_as_shipped
+    backend = TransformersBackend.from_checkpoint(path, LoadSettings(device="cpu"))
+    reader = {"qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM"}[kind]
+    assert type(backend.model).__name__ == reader
+    ids = torch.tensor([[5, 9, 17, 33, 2, 40, 7]])
+    with torch.no_grad():
+        assert torch.equal(backend.model(input_ids=ids).logits, shipped(input_ids=ids).logits)
+    report, printed = scan_report(path, tmp_path)
+    note = report["settings"]["checkpoint_note"]
+    assert "read as a text policy" in " ".join(printed.split())
+    assert f"a {kind} vision-language checkpoint, read as a text policy" in note, note
+    assert reader in note
+    assert report["settings"]["scorer"].startswith(f"naive (not cached: {kind}_text's")
+
+
+def test_qwen3_5_as_shipped_with_images_in_the_prompts_is_one_clear_line(qwen3_5_as_shipped):
+    _, path, _ = qwen3_5_as_shipped
+    images = PROMPTS.parent / "visual-gridworld.jsonl"
+    result = runner.invoke(app, ["scan", str(path), "-p", str(images), "-n", "3", "-k", "2",
+                                 "--device", "cpu"])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "holds images but the checkpoint is a text-only model" in result.output
+    assert "Traceback" not in result.output

@@ -1,10 +1,11 @@
-"""Vision-language policies (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE: FAMILIES) behind
-the transformers backend's two operations. A rendered prompt's image placeholders hold image
-slots (`inputs.images`); here they become the model's image token again, with the images'
-pixels run through the model's own image processor, and the model's own 3D rotary positions
-(`get_rope_index`). Qwen3-VL's deepstack features (its vision tower's middle layers, added to
-the first decoder layers at the image's tokens) go to its language model beside the
-embeddings, which the model's own forward would take from pixel values only.
+"""Vision-language policies (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE: `VISION_FAMILIES` in
+`inputs.formats.huggingface`) behind the transformers backend's two operations. A rendered
+prompt's image placeholders hold image slots (`inputs.images`); here they become the model's
+image token again, with the images' pixels run through the model's own image processor, and
+the model's own 3D rotary positions (`get_rope_index`). Qwen3-VL's deepstack features (its
+vision tower's middle layers, added to the first decoder layers at the image's tokens) go to
+its language model beside the embeddings, which the model's own forward would take from
+pixel values only.
 
 The cached scorer keeps its idea: each prompt (its image features and its text) runs once and
 its traces ride behind it on the key/value cache. After the last image a Qwen2-VL position is
@@ -35,6 +36,7 @@ from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.engines.backends.hf_layout import cells_on_device
 from collapsecheck.engines.backends.hf_scoring import Scored, returned_cache, token_logprobs
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.formats.huggingface import VISION_FAMILIES
 from collapsecheck.inputs.images import ImageSlots, PromptImage, image_runs
 from collapsecheck.inputs.prompts import RenderedPrompt
 from collapsecheck.settings import LoadSettings
@@ -44,9 +46,6 @@ DEEPSTACK = "deepstack_visual_embeds"
 OUTPUT_CACHE = (
     "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 )
-# The model types whose image features and 3D positions this backend places, each tested
-# exact against the model's own forward (tests/test_vision.py); others are refused.
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
 def require_family(checkpoint: Any) -> None:
@@ -57,11 +56,11 @@ def require_family(checkpoint: Any) -> None:
 
 
 def require_model_type(kind: str | None, where: Any) -> None:
-    """A `model_type` among FAMILIES, or one line naming `where` it came from."""
-    if kind not in FAMILIES:
+    """A `model_type` among VISION_FAMILIES, or one line naming `where` it came from."""
+    if kind not in VISION_FAMILIES:
         raise CollapsecheckError(
             f"{where}: a {kind} vision-language checkpoint; collapsecheck scores images for "
-            f"{', '.join(FAMILIES)} only (docs/vision.md)"
+            f"{', '.join(VISION_FAMILIES)} only (docs/vision.md)"
         )
 
 

@@ -29,7 +29,7 @@ def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint 
     for candidate in (path / location for location in LOCATIONS):
         if not is_model_directory(candidate):
             continue
-        model = Checkpoint(KIND, candidate, candidate)
+        model = Checkpoint(KIND, candidate, candidate, note=text_reading_note(candidate))
         adapter = candidate / MERGER_ADAPTER
         if (adapter / peft_adapter.ADAPTER_CONFIG).is_file():
             note = (
@@ -39,6 +39,17 @@ def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint 
             return Checkpoint(peft_adapter.KIND, adapter, candidate, model, note)
         return model
     return None
+
+
+# The vision-language model types whose images collapsecheck scores (`hf_vlm`), each tested
+# exact against the model's own forward (tests/test_vision.py)
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+# The vision-language model types read as text policies, their language model alone through
+# transformers' causal-LM class for the type, each tested to give the shipped class's logits on
+# text (tests/test_stateful_layers.py). Others of a family whose images are not scored are
+# refused: a causal-LM class for a vision-language type is not always its language model alone
+# (Gemma 3's is the whole vision-language model).
+TEXT_READ_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 
 
 def vision_model_type(path: Path) -> str | None:
@@ -56,7 +67,31 @@ def vision_model_type(path: Path) -> str | None:
 
 
 def is_vision_language(path: Path) -> bool:
-    return vision_model_type(path) is not None
+    """A vision-language checkpoint, read with its images (`hf_vlm`), unless it is
+    `read_as_text`."""
+    return vision_model_type(path) is not None and read_as_text(path) is None
+
+
+def read_as_text(path: Path) -> str | None:
+    """The causal-LM class a vision-language checkpoint of TEXT_READ_FAMILIES is read by, its
+    language model alone (Qwen3.5's `Qwen3_5ForCausalLM`: Qwen ships the family in its
+    vision-language class), else None."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    kind = vision_model_type(path)
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind) if kind in TEXT_READ_FAMILIES else None
+
+
+def text_reading_note(path: Path) -> str | None:
+    """What the report says of a checkpoint `read_as_text`."""
+    reader = read_as_text(path)
+    if reader is None:
+        return None
+    return (
+        f"{path}: a {vision_model_type(path)} vision-language checkpoint, read as a text "
+        f"policy: its language model alone ({reader}); collapsecheck scores images for "
+        f"{', '.join(VISION_FAMILIES)} only"
+    )
 
 
 def files(checkpoint: Checkpoint) -> list[Path]:

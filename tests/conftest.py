@@ -106,10 +106,15 @@ def demo_tokenizer():
 def random_checkpoint(request, tmp_path_factory, demo_tokenizer):
     """A random-initialised checkpoint directory (weights, config, the demo tokenizer)."""
     path = tmp_path_factory.mktemp(f"random-{request.param}")
-    model = tiny_model(request.param, len(demo_tokenizer))
-    model.generation_config.eos_token_id = demo_tokenizer.eos_token_id
+    return tiny_checkpoint(request.param, path, demo_tokenizer)
+
+
+def tiny_checkpoint(kind: str, path: Path, tokenizer) -> Path:
+    """`tiny_model(kind)` saved in `path` with `tokenizer`, its stop token the tokenizer's."""
+    model = tiny_model(kind, len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(path)
-    demo_tokenizer.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
 
 

@@ -14,7 +14,7 @@ from collapsecheck.cli import app
 from collapsecheck.engines.backends import hf
 from collapsecheck.engines.backends.hf import kv_bytes_per_token, scorer_for
 from collapsecheck.engines.backends.layer_kinds import attending_layers, stateful_kinds
-from tests.conftest import PROMPTS, STATEFUL_KINDS, tiny_model
+from tests.conftest import PROMPTS, STATEFUL_KINDS, tiny_checkpoint, tiny_model
 
 runner = CliRunner()
 
@@ -22,11 +22,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module", params=STATEFUL_KINDS)
 def stateful_checkpoint(request, tmp_path_factory, demo_tokenizer):
     path = tmp_path_factory.mktemp(f"stateful-{request.param}")
-    model = tiny_model(request.param, len(demo_tokenizer))
-    model.generation_config.eos_token_id = demo_tokenizer.eos_token_id
-    model.save_pretrained(path)
-    demo_tokenizer.save_pretrained(path)
-    return request.param, path
+    return request.param, tiny_checkpoint(request.param, path, demo_tokenizer)
 
 
 def scan_report(path, tmp_path, *extra):

@@ -2,11 +2,13 @@
 say which ones the scan fails on (docs/decisions.md, "Policies whose layers carry a state").
 Run it after upgrading transformers: a new kind of layer or cache shows up here first.
 
-Each type gets a config of a few thousand parameters (hidden size 64, four layers: a hybrid's
-three of linear attention, then one of full attention), the demo
-tokenizer, and `collapsecheck scan` on four gridworld prompts x K = 2, 12 tokens, the whole
-response as the reasoning. A type whose own forward or `generate` fails on that config is
-skipped (the config, not collapsecheck, is at fault); any other failure of the scan is listed.
+Each type gets a small config (hidden size 64, four layers: a hybrid's three of linear
+attention, then one of full attention; a type whose config keeps a part at full size, over
+MAX_PARAMETERS, is skipped), the demo tokenizer, and `collapsecheck scan` on four gridworld
+prompts x K = 2, 12 tokens, the whole response as the reasoning. A type whose own forward or
+`generate` fails on that config is skipped (the config, not collapsecheck, is at fault); a
+scan refused in one line (exit 2: an encoder such as BERT) is listed as such, and any other
+failure of the scan as failed.
 Random weights make every verdict template_collapse or near it: only the exit code counts.
 
     python scripts/architecture_sweep.py [TYPE ...]     # default: every causal-LM type
@@ -34,6 +36,7 @@ SHAPE = {
     "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 4,
     "max_position_embeddings": 512, "vocab_size": 57, "pad_token_id": 0, "eos_token_id": 1,
 }  # fmt: skip
+MAX_PARAMETERS = 50_000_000  # a type whose config kept a part at full size is skipped
 SCAN = ["-n", "4", "-k", "2", "--max-new-tokens", "12", "--whole-response", "--fail-on", "none"]
 
 
@@ -67,6 +70,10 @@ def checkpoint_of(model_type: str, folder: Path) -> Path | None:
     cannot be made small or does not run on its own."""
     try:
         config = tiny_config(model_type)
+        with torch.device("meta"):  # its size first: a part this script did not shrink
+            size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        if size > MAX_PARAMETERS:
+            return None
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config).eval()
     except Exception:  # a config this script cannot shrink: skipped, and listed
@@ -93,7 +100,7 @@ def main() -> None:
     parser.add_argument("types", nargs="*", help="model types (default: every causal LM)")
     types = parser.parse_args().types or sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     warnings.filterwarnings("ignore")
-    failed, skipped = [], []
+    failed, refused, skipped = [], [], []
     with tempfile.TemporaryDirectory() as scratch:
         for model_type in types:
             path = checkpoint_of(model_type, Path(scratch))
@@ -102,10 +109,13 @@ def main() -> None:
                 continue
             code, last = scan(path)
             print(f"{model_type}: exit {code}", flush=True)
-            if code not in (0, 1):
+            if code == 2:  # one clear line: the model is not one collapsecheck reads
+                refused.append(f"{model_type}: {last}")
+            elif code not in (0, 1):
                 failed.append(f"{model_type}: {last}")
             shutil.rmtree(path)
     print(f"skipped (the config could not be made small, or fails on its own): {skipped}")
+    print("refused in one line (exit 2):", *refused, sep="\n")
     print("failed:" if failed else "no scan failed", *failed, sep="\n")
     sys.exit(1 if failed else 0)
 

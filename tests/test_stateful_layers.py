@@ -144,3 +144,20 @@ def test_qwen3_5_as_shipped_with_images_in_the_prompts_is_one_clear_line(qwen3_5
     assert result.exit_code == 2, result.output
     assert "holds images but the checkpoint is a text-only model" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_encoder_is_refused_in_one_line(tmp_path, demo_tokenizer):
+    """BERT's LM head sees the whole input and keeps no cache: not a policy to sample from."""
+    from transformers import BertConfig, BertLMHeadModel
+
+    config = BertConfig(
+        vocab_size=len(demo_tokenizer), hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64,
+    )  # fmt: skip
+    BertLMHeadModel(config).save_pretrained(tmp_path)
+    demo_tokenizer.save_pretrained(tmp_path)
+    result = runner.invoke(app, ["scan", str(tmp_path), "-p", str(PROMPTS), "-n", "3", "-k", "2",
+                                 "--max-new-tokens", "8", "--device", "cpu"])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "(bert) keeps no cache" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

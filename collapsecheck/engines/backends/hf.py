@@ -329,9 +329,14 @@ class TransformersBackend(TransformersScoring):
             use_cache=True,
             logits_to_keep=1,
         )
-        return self._decode(
-            returned_cache(out), out.logits[:, -1, :], mask, positions[:, -1:], params, seeds
-        )
+        cache = returned_cache(out)
+        if cache is None:  # BERT's LM head, say: it sees the whole input, a decoder's does not
+            raise CollapsecheckError(
+                f"the model ({self.model.config.model_type}) keeps no cache of what it has "
+                "read: it is not a causal decoder, and collapsecheck samples and scores "
+                "causal language models only"
+            )
+        return self._decode(cache, out.logits[:, -1, :], mask, positions[:, -1:], params, seeds)
 
     def _decode(
         self, cache: Any, logits: torch.Tensor, mask: torch.Tensor, position: torch.Tensor,

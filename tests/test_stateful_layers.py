@@ -159,5 +159,5 @@ def test_an_encoder_is_refused_in_one_line(tmp_path, demo_tokenizer):
     result = runner.invoke(app, ["scan", str(tmp_path), "-p", str(PROMPTS), "-n", "3", "-k", "2",
                                  "--max-new-tokens", "8", "--device", "cpu"])  # fmt: skip
     assert result.exit_code == 2, result.output
-    assert "(bert) keeps no cache" in " ".join(result.output.split())
+    assert "(bert) returns no cache" in " ".join(result.output.split())
     assert "Traceback" not in result.output

@@ -100,7 +100,8 @@ def state_bytes_per_sequence(model: Any) -> int:
 
 def _tensors_in(cache: Any) -> list[torch.Tensor]:
     """The tensors a cache holds: in its attributes and its layers', dicts and lists opened."""
-    return [t for holder in (cache, *getattr(cache, "layers", [])) for t in _flat(vars(holder))]
+    holders = (cache, *getattr(cache, "layers", []))
+    return [t for holder in holders for t in _flat(getattr(holder, "__dict__", holder))]
 
 
 def _flat(value: Any) -> list[torch.Tensor]:
@@ -330,11 +331,11 @@ class TransformersBackend(TransformersScoring):
             logits_to_keep=1,
         )
         cache = returned_cache(out)
-        if cache is None:  # BERT's LM head, say: it sees the whole input, a decoder's does not
+        if cache is None:  # BERT's LM head, say: it sees the whole input
             raise CollapsecheckError(
-                f"the model ({self.model.config.model_type}) keeps no cache of what it has "
-                "read: it is not a causal decoder, and collapsecheck samples and scores "
-                "causal language models only"
+                f"the model ({self.model.config.model_type}) returns no cache of what it has "
+                "read (an encoder such as BERT, or a model transformers runs without one): "
+                "collapsecheck samples causal language models with their cache"
             )
         return self._decode(cache, out.logits[:, -1, :], mask, positions[:, -1:], params, seeds)
 

@@ -77,22 +77,30 @@ def tiny_stateful_model(kind: str, vocab_size: int):
             initializer_range=0.1,
         )  # fmt: skip
         return MambaForCausalLM(config).eval()
-    shape = {
-        "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 8, "max_position_embeddings": 512, "initializer_range": 0.2,
-    }  # fmt: skip
+    shape = tiny_shape(vocab_size)
     if kind == "minimax":
         config = MiniMaxConfig(
             **shape, layer_types=["full_attention", "linear_attention"], num_local_experts=2,
             block_size=4,
         )  # fmt: skip
         return MiniMaxForCausalLM(config).eval()
-    config = Qwen3_5TextConfig(
-        **shape, layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-    )  # fmt: skip
-    return Qwen3_5ForCausalLM(config).eval()
+    return Qwen3_5ForCausalLM(Qwen3_5TextConfig(**shape, **QWEN3_5_LINEAR)).eval()
+
+
+# Qwen3.5's gated DeltaNet made small: one linear-attention layer, then one of full attention
+QWEN3_5_LINEAR = {
+    "layer_types": ["linear_attention", "full_attention"], "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+}  # fmt: skip
+
+
+def tiny_shape(vocab_size: int) -> dict:
+    """The sizes of a two-layer random decoder, weights drawn wide (`tiny_stateful_model`)."""
+    return {
+        "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "max_position_embeddings": 512, "initializer_range": 0.2,
+    }  # fmt: skip
 
 
 @pytest.fixture(scope="session")

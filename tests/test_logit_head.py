@@ -15,7 +15,7 @@ from collapsecheck.engines.backends import logit_head
 from collapsecheck.engines.backends.base import ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.settings import LoadSettings
-from tests.conftest import ROOT
+from tests.conftest import QWEN3_5_LINEAR, ROOT
 
 PER_TOKEN = 1e-5
 
@@ -51,10 +51,7 @@ def families():
         "granite": (GraniteConfig, {"logits_scaling": 3.0}),
         "cohere": (CohereConfig, {"logit_scale": 0.4}),
         # layers that carry a state (`layer_kinds`): scored by the naive scorer
-        "qwen3_5": (Qwen3_5TextConfig, {
-            **hybrid, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-            "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-        }),
+        "qwen3_5": (Qwen3_5TextConfig, QWEN3_5_LINEAR),
         "granitemoehybrid": (GraniteMoeHybridConfig, {
             **hybrid, "logits_scaling": 3.0, "mamba_n_heads": 4, "mamba_d_head": 16,
             "mamba_d_state": 8, "mamba_chunk_size": 8, "num_local_experts": 2,

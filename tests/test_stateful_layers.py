@@ -14,7 +14,14 @@ from collapsecheck.cli import app
 from collapsecheck.engines.backends import hf
 from collapsecheck.engines.backends.hf import kv_bytes_per_token, scorer_for
 from collapsecheck.engines.backends.layer_kinds import attending_layers, stateful_kinds
-from tests.conftest import PROMPTS, STATEFUL_KINDS, tiny_checkpoint, tiny_model
+from tests.conftest import (
+    PROMPTS,
+    QWEN3_5_LINEAR,
+    STATEFUL_KINDS,
+    tiny_checkpoint,
+    tiny_model,
+    tiny_shape,
+)
 
 runner = CliRunner()
 
@@ -94,13 +101,7 @@ def qwen3_5_as_shipped(request, tmp_path_factory, demo_tokenizer):
     and all (`Qwen3_5ForConditionalGeneration`)."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    text = {
-        "vocab_size": len(demo_tokenizer), "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 8, "layer_types": ["linear_attention", "full_attention"],
-        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
-        "linear_value_head_dim": 8, "initializer_range": 0.2,
-    }  # fmt: skip
+    text = tiny_shape(len(demo_tokenizer)) | QWEN3_5_LINEAR
     vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
               "out_hidden_size": 32}  # fmt: skip
     kind = request.param

@@ -17,6 +17,7 @@ from collapsecheck.inputs.scan_dump import read_jsonl
 from collapsecheck.integrations.any_trainer import diagnose_batch
 from tests.conftest import HEALTHY, PROMPTS
 from tests.test_any_trainer import policy_loglikelihood
+from tests.tolerances import metric_atol
 
 GROUPS, K = 8, 8
 FAST = {"device": "cpu", "bootstrap": 200, "max_new_tokens": 48}
@@ -93,7 +94,8 @@ def test_the_same_traces_in_every_layout_give_one_n_one_mi_one_verdict(sampled, 
     assert ragen.counts["input_rows"] == GROUPS * K
     assert ragen.value("mi_upper_bound") == pytest.approx(math.log(GROUPS * K))
     values = list(readings.values())
-    assert all(v == pytest.approx(values[0], abs=1e-9) for v in values), readings
+    # each layout scores its rows in other batches: float32 sums in another order
+    assert all(v == pytest.approx(values[0], abs=metric_atol(48)) for v in values), readings
 
 
 def test_a_prompt_file_that_repeats_its_rows_reads_as_the_file_written_once(tmp_path):

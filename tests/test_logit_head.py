@@ -16,8 +16,7 @@ from collapsecheck.engines.backends.base import ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.settings import LoadSettings
 from tests.conftest import QWEN3_5_LINEAR, ROOT
-
-PER_TOKEN = 1e-5
+from tests.tolerances import LOGPROB_ATOL
 
 
 def no_progress(n):
@@ -127,7 +126,7 @@ def test_every_token_equals_a_plain_forward_pass(
         got = scored.of_request(index)
         worst = max(worst, float(np.abs(got - expected).max()))
         assert scored.sums[index] == pytest.approx(got.sum(), abs=1e-9)
-    assert worst < PER_TOKEN, (name, worst)
+    assert worst < LOGPROB_ATOL, (name, worst)
 
 
 def test_the_transform_is_the_models_own(family_checkpoint):
@@ -201,7 +200,7 @@ def test_a_vision_language_policys_tiles_equal_its_full_logits(fixture):
         head, backend.head = backend.head, None
         full = backend.loglikelihood_per_token(requests, no_progress, 0.7).values
         backend.head = head
-        assert np.abs(tiled - full).max() < PER_TOKEN, (fixture, scorer)
+        assert np.abs(tiled - full).max() < LOGPROB_ATOL, (fixture, scorer)
 
 
 def test_the_in_place_logsumexp_is_torchs():

@@ -26,6 +26,7 @@ from collapsecheck.measures.metrics import CrossLogProbs, Estimate
 from collapsecheck.progress import no_progress
 from collapsecheck.settings import LoadSettings, PromptSettings
 from tests.conftest import EXAMPLES, HEALTHY, ROOT
+from tests.tolerances import LOGPROB_ATOL, sequence_atol
 
 # a random-initialised tiny Qwen2-VL-shaped checkpoint (scripts/make_vlm_fixtures.py)
 TINY = ROOT / "tests" / "fixtures" / "qwen2-vl-tiny"
@@ -189,8 +190,8 @@ def test_cached_scorer_equals_a_plain_forward_pass_within_1e_4_nats(family):
 
 def test_per_token_values_of_both_scorers_agree_and_sum_to_their_sums(family):
     """SPEC "Where the input shows" with images: each scored token's log-probability from the
-    cached scorer (3D positions, 4D-masked branches) against the plain pass, within 1e-4, and
-    the sums `loglikelihood` gives unchanged."""
+    cached scorer (3D positions, 4D-masked branches) against the plain pass, within float32's
+    rounding, and the sums `loglikelihood` gives unchanged."""
     backend, rendered = family
     requests = requests_for(rendered, len(backend.tokenizer))
     cached = backend.loglikelihood_per_token(requests, no_progress)
@@ -200,7 +201,7 @@ def test_per_token_values_of_both_scorers_agree_and_sum_to_their_sums(family):
         naive = backend.loglikelihood_per_token(requests, no_progress)
     finally:
         backend.scorer = "cached"
-    assert np.abs(cached.values - naive.values).max() < 1e-4
+    assert np.abs(cached.values - naive.values).max() < LOGPROB_ATOL
     np.testing.assert_array_equal(cached.offsets, naive.offsets)
     for index, request in enumerate(requests):
         assert len(naive.of_request(index)) == len(request.continuation) - request.scored_from
@@ -422,7 +423,7 @@ def test_diagnose_batch_takes_prompt_ids_whose_image_tokens_hold_slots(backend, 
     own = int(matrix.row_prompt[row])
     ids = next(s.ids for s in samples[own] if backend.decode(s.ids) == trace)
     expected = backend.loglikelihood([ScoreRequest(rendered[1].ids, ids)], no_progress)[0]
-    assert matrix.sum[row, 1] == pytest.approx(expected, abs=1e-6)
+    assert matrix.sum[row, 1] == pytest.approx(expected, abs=sequence_atol(10))  # other batches
     assert backend.decode(rendered[0].ids).count("<image>") == 1
 
 

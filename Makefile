@@ -59,10 +59,17 @@ demo-vision: $(STAMP)
 	@echo "== one that reads the text and ignores the picture (the state in both): examples/checkpoints/vision/reads-text"
 	$(VENV)/bin/collapsecheck scan examples/checkpoints/vision/reads-text $(VISION_MIXED_ARGS)
 
+# ARITHMETIC=other runs the suite under another arithmetic than this machine's defaults (one
+# BLAS thread, AVX2 kernels): CI's `make test ARITHMETIC=other`, so every landing has passed under
+# two, its developer's and CI's (docs/development.md, "Comparing floats").
+ARITHMETIC ?=
+OTHER_ARITHMETIC := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+TEST_ENV := $(if $(filter other,$(ARITHMETIC)),$(OTHER_ARITHMETIC),$(ARITHMETIC))
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check collapsecheck tests scripts bench
 	$(VENV)/bin/ruff format --check collapsecheck tests scripts bench
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm --ignore=tests/cluster --ignore=tests/browser
+	$(TEST_ENV) HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q --ignore=tests/vllm --ignore=tests/cluster --ignore=tests/browser
 
 # The GPU path on a CUDA device (../shared/GPU.md): skipped where none is visible; CI has none.
 test-gpu: $(STAMP)

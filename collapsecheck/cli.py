@@ -684,10 +684,14 @@ def watch(
     with user_errors():
         gate = gate_settings.load()
         check_outputs(outputs)
+        settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
         if env_settings.env is not None:
             others = {"--prompts": prompts, "--rollouts": rollouts, "--baseline": baseline,
                       "--reward-fn": rewards.reward_fn}  # fmt: skip
-            traces: Any = PlayedIn(PlayedTraces.load(env_settings, others))
+            played, settings = PlayedTraces.load(env_settings, others, run_dir).resolved(settings)
+            for note in played.notes():
+                say(f"note: {note}")
+            traces: Any = PlayedIn(played)
         elif rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
             traces = TrainerRollouts(rollouts, prompts)
         else:
@@ -696,7 +700,7 @@ def watch(
         after_step = step_outputs(run_dir, outputs, boards)
         with progress_bars(stderr) as progress:
             watcher = Watch(
-                run_dir, traces, Settings(load, sampling, rendering, scoring, analysis, rewards),
+                run_dir, traces, settings,
                 following, gate, verdict_thresholds(gate), outputs.out, say, progress,
                 after_step, training_log=False if no_train_log else (train_log or True),
                 train_keys=parse_train_keys(train_key or []),

@@ -237,13 +237,17 @@ def _word_or_count(value: int | str, name: str, words: tuple[str, ...] = (AUTO,)
     return count
 
 
+DEFAULT_SAMPLES = 8  # -k where it is not given
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """How to sample: SPEC "Sampling" (the policy's own distribution by default)."""
 
-    k: int = setting(
-        8, "Samples per prompt.", numbers=True, samples=True, flags=("-k", "--samples"),
-        commands=SAMPLING_COMMANDS,
+    k: int | None = setting(
+        None, f"Samples per prompt (default {DEFAULT_SAMPLES}; --env ragen:TAG: RAGEN's "
+        "validation group size).", numbers=True, samples=True, flags=("-k", "--samples"),
+        commands=SAMPLING_COMMANDS, keyed_unset=DEFAULT_SAMPLES,
     )  # fmt: skip
     num_prompts: int | None = setting(
         None, "Use the first N prompts.", numbers=True, samples=True,
@@ -263,12 +267,17 @@ class SamplingSettings:
     )
 
     def __post_init__(self) -> None:
-        _require(self.k >= 1, f"-k/--samples must be at least 1, got {self.k}")
+        _require(self.k is None or self.k >= 1, f"-k/--samples must be at least 1, got {self.k}")
         _at_least(self.num_prompts, 2, "num_prompts")
         _at_least(self.max_new_tokens, 1, "max_new_tokens")
         given = self.temperature
         _require(given is None or given >= 0, f"--temperature must be >= 0, got {given}")
         _require(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def samples(self) -> int:
+        """Samples per prompt: -k, else the default."""
+        return DEFAULT_SAMPLES if self.k is None else self.k
 
     @property
     def sampling_temperature(self) -> float:
@@ -466,20 +475,32 @@ DEFAULT_STARTS = 16  # start states of `scan --env` where -n is not given
 class EnvSettings:
     """Agents across turns: the environment `scan --env` plays the checkpoint in (SPEC
     "Agents across turns"). -n start states (seeds --env-seed .. --env-seed + N - 1), -k
-    episodes from each. Not part of `Settings`: a played scan's cache key adds them."""
+    episodes from each. Not part of `Settings`: a played scan's cache key adds them. The seed
+    and turns left unset are the environment's adapter's to fill (`inputs.environments`:
+    collapsecheck's defaults, or a framework's own config)."""
 
     env: str | None = setting(
-        None, "Play episodes in this environment: FILE.py:FACTORY, package.module:FACTORY or "
-        "frozenlake (-n start states, -k episodes from each).", numbers=True, commands=ENV_COMMANDS,
+        None, "Play episodes in this environment: ragen:TAG (RAGEN's own, as RAGEN plays it), "
+        "FILE.py:FACTORY, package.module:FACTORY or frozenlake (-n start states, -k episodes "
+        "from each).", numbers=True, commands=ENV_COMMANDS,
     )  # fmt: skip
     env_arg: tuple[str, ...] = setting(
         (), "KEY=VALUE passed to the environment's factory (repeatable).", numbers=True,
         cli_type=list[str], commands=ENV_COMMANDS, metavar="KEY=VALUE",
     )  # fmt: skip
-    env_seed: int = setting(0, "The first start state's seed.", numbers=True, commands=ENV_COMMANDS)
-    max_turns: int = setting(
-        5, "Turns per episode at most (RAGEN's max_turn).", numbers=True, commands=ENV_COMMANDS
-    )
+    env_config: Path | None = setting(
+        None, "ragen:TAG's RAGEN config: a run's saved .hydra/config.yaml or RAGEN's "
+        "config/*.yaml (default: the .hydra/config.yaml beside or above the checkpoint).",
+        numbers=False, commands=ENV_COMMANDS,
+    )  # fmt: skip
+    env_seed: int | None = setting(
+        None, "The first start state's seed (default 0; ragen:TAG: RAGEN's validation seeds).",
+        numbers=True, commands=ENV_COMMANDS,
+    )  # fmt: skip
+    max_turns: int | None = setting(
+        None, "Turns per episode at most (default 5; ragen:TAG: agent_proxy.max_turn).",
+        numbers=True, commands=ENV_COMMANDS,
+    )  # fmt: skip
     context_window: int = setting(
         -1, "Observations each turn's context keeps, with their responses: -1 all, 1 only the "
         "current one (RAGEN's max_context_window).", numbers=True, commands=ENV_COMMANDS,
@@ -487,6 +508,8 @@ class EnvSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env_arg", tuple(self.env_arg or ()))
+        if self.env_config is not None:
+            object.__setattr__(self, "env_config", Path(self.env_config))
         _at_least(self.max_turns, 1, "max_turns")
         window = self.context_window
         _require(
@@ -499,9 +522,10 @@ class EnvSettings:
         )
 
     def numbers(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "env_arg": list(self.env_arg)
-        }
+        """What keys a played scan's cache (its config's file is keyed as the environment's
+        code is, by its content)."""
+        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "env_config"}
+        return kept | {"env_arg": list(self.env_arg)}
 
 
 @dataclass(frozen=True)

@@ -414,12 +414,16 @@ def test_a_cached_multi_turn_report_without_episodes_is_made_again(tmp_path):
 @pytest.mark.parametrize(("window", "kept"), [(-1, 3), (1, 0), (2, 1), (3, 2), (5, 3)])
 def test_the_context_window_keeps_the_last_observations(window, kept):
     """--context-window W: the current observation and the W - 1 turns before it (-1: all)."""
+    from collapsecheck.inputs.environments import Environment, load_environment
+    from collapsecheck.inputs.environments.factories import FactoryGame
     from collapsecheck.inputs.episodes import EpisodeTurn
-    from collapsecheck.runs.episodes import Playing
+    from collapsecheck.settings import PromptSettings
 
-    episode = Playing(0, 0, env=None, observation="now")
+    spec = load_environment(f"{EXAMPLES / 'environments' / 'gridworld.py'}:make", {})
+    episode = FactoryGame(Environment(spec, 0), window, PromptSettings())
+    episode.system, episode.observation = "be brief", "now"
     episode.turns = [EpisodeTurn(f"state {t}", f"response {t}", "up") for t in range(3)]
-    chat = episode.messages("be brief", window)
+    chat = episode.messages()
     assert chat[0] == {"role": "system", "content": "be brief"}
     assert chat[-1] == {"role": "user", "content": "now"}
     earlier = [m["content"] for m in chat[1:-1] if m["role"] == "user"]

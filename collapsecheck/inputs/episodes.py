@@ -23,13 +23,29 @@ EPISODES_FILE = "episodes.jsonl"
 @dataclass(frozen=True)
 class EpisodeTurn:
     """One turn: the state seen, the response, the action taken ("" where the response has
-    none; None where it is still to be located), the reward and the environment's info."""
+    none; None where it is still to be located), the reward and the environment's info.
+    Where a manager executes several actions a turn (RAGEN's, SPEC "RAGEN's own
+    environments"): the action names as it parsed them, the ids it executed, the render after
+    each and the format penalty it charged (None elsewhere)."""
 
     state: str
     response: str
     action: str | None = None
     reward: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    parsed_actions: tuple[str, ...] | None = None
+    action_ids: tuple[int | str, ...] | None = None
+    renders: tuple[str, ...] | None = None
+    penalty: float | None = None
+
+    def executed(self) -> dict[str, Any]:
+        """The manager's fields as episodes.jsonl keeps them (none where there is no manager)."""
+        if self.action_ids is None:
+            return {}
+        return {
+            "actions_parsed": list(self.parsed_actions or ()), "action_ids": list(self.action_ids),
+            "renders": list(self.renders or ()), "penalty": self.penalty,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class Episode:
                     "action": t.action or "",
                     "reward": t.reward,
                     "info": t.info,
+                    **t.executed(),
                 }
                 for t in self.turns
             ],
@@ -72,11 +89,19 @@ class Episode:
     def from_json(cls, row: dict[str, Any]) -> Episode:
         turns = tuple(
             EpisodeTurn(t["state"], t["response"], t.get("action"), t.get("reward"),
-                        t.get("info") or {})
+                        t.get("info") or {}, *_executed(t))
             for t in row["turns"]
         )  # fmt: skip
         return cls(row.get("start"), row.get("seed"), turns, row.get("final_state"),
                    row.get("done"), row.get("success"))  # fmt: skip
+
+
+def _executed(turn: dict[str, Any]) -> tuple[Any, ...]:
+    """A turn's manager fields read back from episodes.jsonl (Nones where it has none)."""
+    if "action_ids" not in turn:
+        return None, None, None, None
+    return (tuple(turn.get("actions_parsed") or ()), tuple(turn["action_ids"]),
+            tuple(turn.get("renders") or ()), turn.get("penalty"))  # fmt: skip
 
 
 def picked_state(text: str, regex: str | None, where: str) -> str:

@@ -48,36 +48,43 @@ def state_text(text: str) -> str:
 class EpisodeIds:
     """One episode as ids: `states` s_1 .. s_T (the state at each turn), `final` s_{T+1}
     where known (None: the file does not say it), `actions` one id per turn, `success`
-    1/0 (None: unknown)."""
+    1/0 (None: unknown). `path`: where a turn executes several actions (RAGEN's manager),
+    the states one step at a time (s_1, the state after each executed action; a turn that
+    executed none, its state again), which the steps are counted over instead of turns."""
 
     start: int
     states: tuple[int, ...]
     actions: tuple[int, ...]
     final: int | None = None
     success: bool | None = None
+    path: tuple[int, ...] | None = None
 
     @property
     def turns(self) -> int:
         return len(self.states)
 
-    def next_states(self) -> tuple[int, ...]:
-        """s_2 .. s_{T+1}: the state after each turn that has a known next state."""
-        return self.states[1:] + (() if self.final is None else (self.final,))
+    def visited(self) -> tuple[int, ...]:
+        """The states step by step: the path where there is one, else s_1 .. s_T and s_{T+1}
+        where known."""
+        if self.path is not None:
+            return self.path
+        return self.states + (() if self.final is None else (self.final,))
 
 
 STEP, STALL, REVISIT, UNDO = "step", "stall", "revisit", "undo"
 
 
 def step_kinds(episode: EpisodeIds) -> list[str]:
-    """What each step s_t -> s_{t+1} of one episode was (SPEC "Agents across turns"): a
-    stall, an undo (also a revisit), a revisit, or a plain step; one per known next state."""
+    """What each step v_t -> v_{t+1} of one episode's visited states was (SPEC "Agents
+    across turns"): a stall, an undo (also a revisit), a revisit, or a plain step."""
     kinds = []
-    states = episode.states
-    for t, after in enumerate(episode.next_states()):  # 0-based t: the step from states[t]
-        if after == states[t]:
+    visited = episode.visited()
+    for t in range(len(visited) - 1):  # 0-based t: the step from visited[t]
+        after = visited[t + 1]
+        if after == visited[t]:
             kinds.append(STALL)
-        elif after in states[:t]:
-            kinds.append(UNDO if t >= 1 and after == states[t - 1] else REVISIT)
+        elif after in visited[:t]:
+            kinds.append(UNDO if t >= 1 and after == visited[t - 1] else REVISIT)
         else:
             kinds.append(STEP)
     return kinds
@@ -100,6 +107,16 @@ def episode_ids(episodes: Sequence[Any]) -> tuple[list[EpisodeIds], int]:
     def state_id(text: str) -> int:
         return states.setdefault(state_text(text), len(states))
 
+    def path_of(episode: Any) -> tuple[int, ...] | None:
+        """The states action by action, where every turn says what its actions rendered."""
+        turns = episode.turns
+        if not turns or any(t.renders is None for t in turns):
+            return None
+        path = [state_id(turns[0].state)]
+        for turn in turns:
+            path += [state_id(r) for r in turn.renders] or [path[-1]]
+        return tuple(path)
+
     found = [
         EpisodeIds(
             episode.start,
@@ -107,6 +124,7 @@ def episode_ids(episodes: Sequence[Any]) -> tuple[list[EpisodeIds], int]:
             tuple(actions.setdefault(t.action or "", len(actions)) for t in episode.turns),
             None if episode.final_state is None else state_id(episode.final_state),
             episode.success,
+            path_of(episode),
         )
         for episode in episodes
     ]

@@ -10,6 +10,7 @@ traces exist, so they report exactly alike.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +31,7 @@ from collapsecheck.engines.reasoning import (
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked
 from collapsecheck.inputs.checkpoint import Checkpoint
-from collapsecheck.inputs.environments import EnvironmentSpec
+from collapsecheck.inputs.environments import EnvironmentSource
 from collapsecheck.inputs.episodes import Episode
 from collapsecheck.inputs.prompts import (
     file_sha256,
@@ -461,10 +462,11 @@ def score(
 
 def play(
     checkpoint: str | Path | Checkpoint,
-    environment: EnvironmentSpec,
+    environment: EnvironmentSource,
     settings: Settings | None = None,
     *,
     env: EnvSettings | None = None,
+    sources: dict[str, str] | None = None,
     thresholds: Thresholds | None = None,
     flow_thresholds: FlowThresholds | None = None,
     dump: str | Path | None = None,
@@ -475,9 +477,15 @@ def play(
     """Play the checkpoint in `environment` (`inputs.environments.load_environment`), -n
     start states and -k episodes from each (`env`: seeds, turns, context window), then
     diagnose every turn's response as a multi-turn rollout (SPEC "Agents across turns"):
-    pooled as `score` reads a multi-turn file, by turn, and the episodes' own metrics."""
+    pooled as `score` reads a multi-turn file, by turn, and the episodes' own metrics.
+    `sources`: the settings are resolved already (`runs.units.PlayedTraces.resolved`), these
+    the values the environment's config gave; else they are resolved here."""
     settings = checked(resolve_settings(settings, flags))
     env = env or EnvSettings(env=environment.spec)
+    if sources is None:
+        found = environment.resolved(env, settings.sampling)
+        env, sources = found.env, found.sources
+        settings = dataclasses.replace(settings, sampling=found.sampling)
     started, started_at = time.perf_counter(), utc_now()
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
@@ -487,7 +495,15 @@ def play(
         loaded_at = time.perf_counter()
         played = play_episodes(model, environment, env, params, settings, progress)
         digest = environment.code_sha256
-        data = played.sampled({"env": {**env.numbers(), "env_sha256": digest}})
+        data = played.sampled(
+            {
+                "env": {
+                    **env.numbers(),
+                    "env_sha256": digest,
+                    **({"env_sources": sources} if sources else {}),
+                }
+            }
+        )
         prepared, data = prepare_sampled(data, model, settings, source)
         with holding(dump) as dump_dir:
             recorded = {

@@ -138,7 +138,8 @@ def played_line(
     return (
         f"plan: {plural(checkpoints, 'checkpoint')}{f' ({cached} cached)' if cached else ''} "
         f"played in --env {played.environment.spec}: {plural(starts, 'start state')} x "
-        f"{settings.sampling.k} episodes, up to {plural(env.max_turns, 'turn')} each, at most "
+        f"{settings.sampling.samples} episodes, up to {plural(env.max_turns or 1, 'turn')} each, "
+        "at most "
         f"{count(cost.responses)} responses and {count(cost.xz_pairs)} X->Z pairs pooled per "
         f"checkpoint; at most {count(cost.max_tokens * (len(costs) - cached))} tokens to sample "
         "and score"
@@ -182,7 +183,7 @@ def plan_sampled(
     )
     sampling = settings.sampling
     cost = unit_cost(
-        len({content_key(p) for p in listed}), sampling.k, sampling.max_new_tokens,
+        len({content_key(p) for p in listed}), sampling.samples, sampling.max_new_tokens,
         settings.scoring.negatives_bound, has_flow(settings), rows=len(listed),
     )  # fmt: skip
     traces = SampledTraces(prompts, images_digest(listed))
@@ -210,7 +211,7 @@ def plan_played(
     cache when `cached`, else one checkpoint writing its dump to `dump`. Its cost is a bound:
     every episode to --max-turns, every context distinct."""
     starts = settings.sampling.num_prompts or DEFAULT_STARTS
-    k, turns = settings.sampling.k, played.env.max_turns
+    k, turns = settings.sampling.samples, played.env.max_turns
     cost = unit_cost(
         starts * k * turns, 1, settings.sampling.max_new_tokens,
         settings.scoring.negatives_bound, has_flow(settings),

@@ -83,7 +83,7 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
     check_combinations(request, bool(run))
     shard = requested_shard(request, bool(run))
     if request.env.env is not None:
-        return replace(plan_env(request, single, run, notes), shard=shard)
+        return replace(plan_env(request, single, run, notes, say), shard=shard)
     found = run_rollouts_of(request, bool(run))
     if found is not None:
         return replace(plan_from_rollouts(request, found, run, notes, say), shard=shard)
@@ -102,17 +102,21 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
 
 
 def plan_env(
-    request: ScanRequest, single: Checkpoint | None, run: list[RunCheckpoint], notes: list[str]
-) -> Planned:
+    request: ScanRequest, single: Checkpoint | None, run: list[RunCheckpoint], notes: list[str],
+    say: Say,
+) -> Planned:  # fmt: skip
     """A checkpoint (or every one of a run) played in the environment `--env` names, loaded
     and checked now (SPEC "Agents across turns")."""
-    played = PlayedTraces.load(request.env, {
+    loaded = PlayedTraces.load(request.env, {
         "--prompts": request.prompts, "--rollouts": request.rollouts,
         "--baseline": request.baseline, "--reward-fn": request.settings.rewards.reward_fn,
         "--keep-prompts": request.outputs.keep_prompts,
-    })  # fmt: skip
+    }, near=Path(request.target))  # fmt: skip
+    played, settings = loaded.resolved(request.settings)
+    for note in played.notes():
+        say(f"note: {note}")
     check_outputs(request.outputs)
-    outputs, settings = request.outputs, request.settings
+    outputs = request.outputs
     if not run:
         plan = plan_played(
             [single_row(single)], played, settings, cache=outputs.out,

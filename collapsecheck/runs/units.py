@@ -16,7 +16,8 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.inputs.environments import (
-    EnvironmentSpec,
+    EnvironmentSource,
+    Resolved,
     load_environment,
     parse_env_args,
 )
@@ -94,15 +95,20 @@ class RolloutTraces:
 @dataclass(frozen=True)
 class PlayedTraces:
     """Traces sampled by playing the checkpoint in an environment (SPEC "Agents across
-    turns"): the loaded SPEC and how it is played."""
+    turns"): the loaded SPEC and how it is played (`env`, resolved: its seeds and turns set by
+    the flags or the environment's own config)."""
 
-    environment: EnvironmentSpec
+    environment: EnvironmentSource
     env: EnvSettings
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def load(cls, env: EnvSettings, given: Mapping[str, Any]) -> PlayedTraces:
-        """`--env`'s environment loaded and checked now, before any model; the options of
-        other trace sources that were given (`given`: each flag and its value, None where
+    def load(
+        cls, env: EnvSettings, given: Mapping[str, Any], near: Path | None = None
+    ) -> PlayedTraces:
+        """`--env`'s environment loaded and checked now, before any model (`near`: the
+        checkpoint or run, beside which a framework's saved config is looked for); the options
+        of other trace sources that were given (`given`: each flag and its value, None where
         not given) refused in one line."""
         named = [flag for flag, value in given.items() if value is not None]
         if named:
@@ -110,7 +116,26 @@ class PlayedTraces:
                 f"--env plays the checkpoint in its environment: {', '.join(named)} do not go "
                 "with it (the environment gives the states and the rewards)"
             )
-        return cls(load_environment(env.env, parse_env_args(env.env_arg)), env)
+        environment = load_environment(
+            env.env, parse_env_args(env.env_arg), near=near, config=env.env_config
+        )
+        return cls(environment, env)
+
+    def resolved(self, settings: Settings) -> tuple[PlayedTraces, Settings]:
+        """These traces and the settings as the environment plays them: the flags where given,
+        else its own config's seeds, turns, start states, episodes and temperature."""
+        found: Resolved = self.environment.resolved(self.env, settings.sampling)
+        played = replace(self, env=found.env, sources=found.sources)
+        return played, replace(settings, sampling=found.sampling)
+
+    def notes(self) -> list[str]:
+        """What the scan says before it plays: where each value its environment's config gave
+        came from, and what the environment's adapter noticed."""
+        said = list(getattr(self.environment, "notes", ()))
+        if self.sources:
+            values = "; ".join(f"{name} {value}" for name, value in self.sources.items())
+            said.insert(0, f"--env {self.environment.spec} plays by {values}")
+        return said
 
     def cache_key(self, settings: Settings) -> tuple[Path, dict[str, Any]]:
         """The environment's code (as a prompt file is keyed), with every setting that
@@ -246,9 +271,11 @@ def run_unit(
         "progress": progress, "loaded": backend,
     }  # fmt: skip
     if isinstance(unit.traces, PlayedTraces):
+        played = unit.traces
         return play(
-            unit.checkpoint, unit.traces.environment, settings, env=unit.traces.env, **common
-        )
+            unit.checkpoint, played.environment, settings, env=played.env,
+            sources=dict(played.sources), **common,
+        )  # fmt: skip
     if isinstance(unit.traces, SampledTraces):
         prior = PriorBaseline(unit.prior, baseline) if unit.prior is not None else None
         return scan(

@@ -43,7 +43,7 @@ class SamplingParams:
     @classmethod
     def of(cls, sampling: SamplingSettings, seed: int) -> SamplingParams:
         return cls(
-            sampling.k,
+            sampling.samples,
             sampling.sampling_temperature,
             sampling.top_p,
             sampling.max_new_tokens,

@@ -1,4 +1,6 @@
-"""Environments an agent is played in (`scan --env SPEC`, SPEC "Agents across turns").
+"""Environments a factory makes (`scan --env FILE.py:FACTORY`, SPEC "Agents across turns"),
+played as collapsecheck plays them: each turn's context the chat of observations and responses,
+the action the response's action segment.
 
 SPEC is `path/to/file.py:factory`, `package.module:factory` or a built-in name
 (`frozenlake`). The factory, called with the `--env-arg KEY=VALUE` pairs as keyword
@@ -25,10 +27,18 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.environments.protocol import Resolved, TurnPlayed
+from collapsecheck.inputs.episodes import EpisodeTurn
+from collapsecheck.inputs.prompts import Messages, Prompt, RenderedPrompt, render_prompts
 from collapsecheck.inputs.user_files import file_module, run_file_module
+
+if TYPE_CHECKING:
+    from collapsecheck.settings import EnvSettings, PromptSettings, SamplingSettings
+
+DEFAULT_TURNS = 5  # turns per episode where --max-turns is not given
 
 BUILT_IN = {"frozenlake": "collapsecheck.inputs.frozenlake:FrozenLake"}
 INFO_KEYS = ("success", "action_is_valid", "action_is_effective")
@@ -86,8 +96,19 @@ class EnvironmentSpec:
         is keyed as a prompt file is)."""
         return {"env": self.spec, "env_args": dict(self.kwargs)}
 
+    def resolved(self, env: EnvSettings, sampling: SamplingSettings) -> Resolved:
+        """The seeds and turns the flags give, else collapsecheck's defaults (seeds from 0, 5
+        turns); the sampling as given."""
+        first = 0 if env.env_seed is None else env.env_seed
+        turns = DEFAULT_TURNS if env.max_turns is None else env.max_turns
+        return Resolved(dataclasses.replace(env, env_seed=first, max_turns=turns), sampling, {})
 
-def load_environment(spec: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
+    def game(self, seed: int, env: EnvSettings, prompts: PromptSettings) -> FactoryGame:
+        """One episode's environment, reset at `seed`."""
+        return FactoryGame(Environment(self, seed), env.context_window, prompts)
+
+
+def load_factory(spec: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
     """The SPEC's factory, loaded and checked, before any model loads; a fresh environment is
     made once here, so a factory that fails says so now."""
     target = BUILT_IN.get(spec, spec)
@@ -108,7 +129,7 @@ def load_environment(spec: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
 
 def reloaded(spec: str, found: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
     """A pickled SPEC loaded again from `found` (its file's absolute path), named as given."""
-    return dataclasses.replace(load_environment(found, kwargs), spec=spec)
+    return dataclasses.replace(load_factory(found, kwargs), spec=spec)
 
 
 def _module(spec: str, where: str) -> tuple[Any, Path]:
@@ -213,6 +234,49 @@ class Environment:
         close = getattr(self.env, "close", None)
         if callable(close):
             self._call(None, close)
+
+
+class FactoryGame:
+    """One episode of a factory's environment: the context of turn t the system message
+    (--system-prompt, else the environment's own), each earlier observation (user) and
+    response (assistant) --context-window keeps, then observation t; the action the
+    response's action segment."""
+
+    def __init__(self, environment: Environment, window: int, prompts: PromptSettings) -> None:
+        self.environment, self.window, self.prompts = environment, window, prompts
+        self.seed = environment.seed
+        self.system = None if prompts.system_prompt else environment.system_prompt
+        self.turns: list[EpisodeTurn] = []
+        self.observation = environment.reset()
+
+    def messages(self) -> Messages:
+        """The chat of the next turn: the system message, the kept earlier turns, the
+        observation now."""
+        turns, window = self.turns, self.window
+        kept = turns if window == -1 else turns[max(0, len(turns) - (window - 1)) :]
+        chat: Messages = [{"role": "system", "content": self.system}] if self.system else []
+        for turn in kept:
+            chat += [{"role": "user", "content": turn.state},
+                     {"role": "assistant", "content": turn.response}]  # fmt: skip
+        return [*chat, {"role": "user", "content": self.observation}]
+
+    def context(
+        self, tokenizer: Any, settings: PromptSettings, origin: str
+    ) -> tuple[Prompt, RenderedPrompt]:
+        prompt = Prompt(self.messages(), origin)
+        return prompt, render_prompts([prompt], tokenizer, settings)[0]
+
+    def play(self, response: str, located: str, turn: int) -> TurnPlayed:
+        """The response's action segment played in the environment."""
+        step = self.environment.step(located, turn)
+        played = EpisodeTurn(self.observation, response, located, step.reward, kept_info(step.info))
+        self.turns.append(played)
+        self.observation = step.observation
+        success = bool(step.info["success"]) if "success" in step.info else None
+        return TurnPlayed(played, step.observation, step.done, success)
+
+    def close(self) -> None:
+        self.environment.close()
 
 
 def _shape(value: Any) -> str:

@@ -38,6 +38,25 @@ def test_steps_are_counted_as_the_spec_defines_them(states, final, counts):
     assert step_counts(episode) == counts
 
 
+def test_a_manager_that_executes_several_actions_a_turn_counts_each_as_a_step():
+    """SPEC "RAGEN's own environments": an `Up || Down` turn is a step and its undo inside one
+    turn; a turn that executed none is one step that changed nothing; turns stay turns."""
+    from collapsecheck.inputs.episodes import Episode, EpisodeTurn
+    from collapsecheck.measures.episodes import episode_ids
+
+    turns = (
+        EpisodeTurn("A", "r1", "Up || Down", -0.2, {}, ("Up", "Down"), (1, 2), ("B", "A"), 0.0),
+        EpisodeTurn("A", "r2", "", 0.0, {}, (), (), (), -0.1),  # nothing valid: a stall
+        EpisodeTurn("A", "r3", "Right", -0.1, {}, ("Right",), (4,), ("C",), 0.0),
+    )
+    (ids,), starts = episode_ids([Episode(0, 7, turns, "C", False, False)])
+    assert (starts, ids.turns) == (1, 3)
+    assert step_counts(ids) == (4, 1, 1, 1)  # A->B, B->A (undo), A->A (stall), A->C
+    metrics = compute_episode_metrics([ids], starts, resamples=20)
+    assert metrics["undo_rate"].value == metrics["stall_rate"].value == 0.25
+    assert metrics["turns_per_episode"].value == 3
+
+
 def test_an_undo_needs_a_move_before_it():
     # t = 1: s_2 = s_1 is a stall, never an undo (there is no s_0)
     assert step_counts(EpisodeIds(0, (A,), (0,), A)) == (1, 1, 0, 0)

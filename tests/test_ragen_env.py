@@ -13,6 +13,7 @@ A played scan runs end to end on a RAGEN-shaped package of collapsecheck's own
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -178,16 +179,26 @@ def ragen_source(tmp_path_factory) -> Path:
     return into
 
 
-@pytest.fixture(scope="module")
-def live_ragen(tmp_path_factory):
-    source = ragen_source(tmp_path_factory)
+@contextlib.contextmanager
+def ragen_importable(source: Path):
+    """`ragen` imported from `source` while inside, as it was outside after."""
     sys.path.insert(0, str(source))
     saved = {k: v for k, v in sys.modules.items() if k == "ragen" or k.startswith("ragen.")}
-    yield source
-    sys.path.remove(str(source))
-    for name in [k for k in sys.modules if k == "ragen" or k.startswith("ragen.")]:
+    for name in saved:
         del sys.modules[name]
-    sys.modules.update(saved)
+    try:
+        yield source
+    finally:
+        sys.path.remove(str(source))
+        for name in [k for k in sys.modules if k == "ragen" or k.startswith("ragen.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.fixture(scope="module")
+def live_ragen(tmp_path_factory):
+    with ragen_importable(ragen_source(tmp_path_factory)) as source:
+        yield source
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -241,3 +252,42 @@ def test_a_missing_tag_is_one_line_naming_the_config():
     (line,) = result.stderr.strip().splitlines()
     assert "no custom_envs entry 'Sokoban'" in line and "GridWorld, Other" in line
     assert str(SHAPED / "config.yaml") in line
+
+
+def test_a_played_scan_says_where_each_value_came_from_and_replays_from_its_dump(tmp_path):
+    """A RAGEN-shaped package's environment played by a checkpoint: the report names each
+    value's source (the flags over the config), and each episode of the dump replayed in a
+    fresh environment at its seed gives the same renders, rewards, penalties and success."""
+    from collapsecheck.inputs.environments.ragen import load_ragen
+
+    dump = tmp_path / "dump"
+    flags = ["-n", "3", "--max-turns", "2", "--max-new-tokens", "48", "--fail-on", "none"]
+    result = collapsecheck("scan", AGENT, "--env", "ragen:GridWorld", "--env-config",
+                           SHAPED / "config.yaml", *flags, "--dump", dump)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    settings = json.loads((dump / "report.json").read_text())["settings"]
+    sources = settings["env"]["env_sources"]
+    config = str(SHAPED / "config.yaml")
+    assert sources["env_seed"] == f"42 ({config} (seed.val) + 2 groups of earlier tags)"
+    assert sources["k"] == f"2 ({config} (es_manager.val.group_size))"
+    assert sources["num_prompts"] == "3 (-n)" and sources["max_turns"] == "2 (--max-turns)"
+    assert sources["temperature"].startswith(f"0.7 ({config} (actor_rollout_ref.rollout.val_")
+    assert settings["sampling"]["temperature"] == 0.7
+    episodes = [json.loads(line) for line in (dump / "episodes.jsonl").open()]
+    assert [e["seed"] for e in episodes] == [42, 42, 43, 43, 44, 44]
+    assert any(t["penalty"] for e in episodes for t in e["turns"])  # the demo agent's replies
+    with ragen_importable(SHAPED):
+        spec = load_ragen("GridWorld", None, SHAPED / "config.yaml")
+        for episode in episodes:
+            game = spec.game(episode["seed"], None, None)
+            assert game.observation == episode["turns"][0]["state"]
+            for number, turn in enumerate(episode["turns"], start=1):
+                played = game.play(turn["response"], "", number)
+                assert list(played.turn.action_ids) == turn["action_ids"]
+                assert list(played.turn.renders) == turn["renders"]
+                assert (played.turn.reward, played.turn.penalty) == (
+                    turn["reward"],
+                    turn["penalty"],
+                )
+            assert game.observation == episode["final_state"]
+            assert played.success is episode["success"] and played.done is episode["done"]

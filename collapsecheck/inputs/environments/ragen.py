@@ -341,6 +341,11 @@ class RagenSpec:
         turns, the start states (the tag's groups), the episodes from each (the group size) and
         the temperature; each with where it came from."""
         setup = self.rules.setup
+        if env.context_window != -1:
+            raise CollapsecheckError(
+                f"--context-window goes with FILE.py:FACTORY environments: --env {self.spec} "
+                f"keeps what its config's max_context_window keeps ({setup.max_context_window.source})"
+            )
         chosen = {
             "env_seed": (env.env_seed, "--env-seed", setup.first_seed),
             "max_turns": (env.max_turns, "--max-turns", setup.max_turn),

@@ -832,15 +832,16 @@ def score_notes(report: Any) -> list[str]:
 
 def obtain_report(
     path: Path, prompts: Path | None, settings: Settings, gate: Any, cache: Path,
-    rescan: bool, progress: Any, prior: Any = None,
+    rescan: bool, progress: Any, prior: Any = None, env: EnvSettings | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
     """A saved report (a report.json, or a dump directory), else a cached scan of the
-    checkpoint at `path` (with its reasoning also scored under `prior`, a checkpoint); with
-    the checkpoint, None for a saved report."""
+    checkpoint at `path` (with its reasoning also scored under `prior`, a checkpoint; played
+    in `env`'s environment where it names one); with the checkpoint, None for a saved
+    report."""
     from collapsecheck.inputs.discovery import find_checkpoints
     from collapsecheck.reports.dump import REPORT_FILE
     from collapsecheck.reports.report import Report
-    from collapsecheck.runs.run import cached_scan
+    from collapsecheck.runs.run import cached_play, cached_scan
 
     if path.is_file():
         return Report.load(path), None
@@ -849,14 +850,15 @@ def obtain_report(
     single, run = find_checkpoints(path, settings.load.base_model)
     if run:
         raise CollapsecheckError(f"{path}: compare takes two checkpoints, not a run")
+    common = {
+        "cache_root": cache, "rescan": rescan, "thresholds": gate.thresholds,
+        "flow_thresholds": gate.flow_thresholds, "progress": progress,
+    }  # fmt: skip
+    if env is not None and env.env is not None:
+        return cached_play(single, env, settings, say=say, **common), single
     if prompts is None:
-        raise CollapsecheckError("--prompts FILE is needed to scan a checkpoint")
-    report = cached_scan(
-        single, prompts, settings, cache_root=cache, rescan=rescan,
-        thresholds=gate.thresholds, flow_thresholds=gate.flow_thresholds, progress=progress,
-        prior=prior,
-    )  # fmt: skip
-    return report, single
+        raise CollapsecheckError("--prompts FILE (or --env SPEC) is needed to scan a checkpoint")
+    return cached_scan(single, prompts, settings, prior=prior, **common), single
 
 
 @app.command()
@@ -871,6 +873,7 @@ def compare(
     rewards: RewardSettings,
     load: LoadSettings,
     outputs: OutputSettings,
+    env_settings: EnvSettings,
     prompts: Prompts = None,
     max_drop: MaxDrop = None,
     gate_exit: GateExit = True,
@@ -878,7 +881,8 @@ def compare(
     config: Config = None,
     rescan: Rescan = False,
 ) -> None:
-    """Did checkpoint B lose input dependence relative to A, beyond noise?"""
+    """Did checkpoint B lose input dependence relative to A, beyond noise? With --env, both
+    are played from the same start states and their episodes compared pair by pair."""
     from collapsecheck.config import load_gate
     from collapsecheck.files import write_text_atomic
     from collapsecheck.reports.compare import compare_reports
@@ -894,9 +898,17 @@ def compare(
         check_outputs(outputs)
         cache = outputs.out or default_cache_root()
         with progress_bars(stderr) as progress:
-            first, start = obtain_report(a, prompts, settings, gate, cache, rescan, progress)
-            # B's reasoning is also scored under A, where A is a checkpoint
-            second, _ = obtain_report(b, prompts, settings, gate, cache, rescan, progress, start)
+            if env_settings.env is not None and prompts is not None:
+                raise CollapsecheckError("--env plays both checkpoints: --prompts goes without it")
+            first, start = obtain_report(
+                a, prompts, settings, gate, cache, rescan, progress, env=env_settings
+            )
+            # B's reasoning is also scored under A, where A is a checkpoint (not in a played
+            # compare: each played its own contexts)
+            prior = None if env_settings.env is not None else start
+            second, _ = obtain_report(
+                b, prompts, settings, gate, cache, rescan, progress, prior, env_settings
+            )
         if second.prior.baseline is not None:
             read_against_start([second], first)
         comparison = compare_reports(
@@ -904,6 +916,12 @@ def compare(
             seed=analysis.seed, allow_mismatch=allow_mismatch,
         )  # fmt: skip
         results = [RuleResult("input dependence", not comparison.lost, comparison.reason)]
+        if comparison.episodes_paired:
+            worse = comparison.episodes_worse
+            results.append(RuleResult(
+                "episodes", not worse, f"on the same start states, B's {', '.join(worse)} did "
+                "worse than A's beyond noise" if worse else "no episode metric did worse",
+            ))  # fmt: skip
         if outputs.json_path is not None:
             write_text_atomic(outputs.json_path, comparison.to_json())
         write_page_and_summary(outputs, comparison, f"{a} vs {b}", second, results)

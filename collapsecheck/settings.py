@@ -46,7 +46,7 @@ AUTO = "auto"
 ALL = "all"
 SCAN, SCORE, COMPARE, WATCH = "scan", "score", "compare", "watch"
 SAMPLING_COMMANDS = (SCAN, COMPARE, WATCH)
-ENV_COMMANDS = (SCAN, WATCH)  # the commands that play a checkpoint in an environment
+ENV_COMMANDS = (SCAN, WATCH, COMPARE)  # the commands that play checkpoints in an environment
 # --negatives auto: each trace under its own prompt and 15 others, each action with
 # SWAPS_PER_NEGATIVE x 15 swapped traces beside its own prompt's (SPEC "Sampled negatives and
 # swaps"); up to 16 prompts, the X->Z matrix is full. docs/benchmarks.md measures the

@@ -428,3 +428,59 @@ def test_the_context_window_keeps_the_last_observations(window, kept):
     assert chat[-1] == {"role": "user", "content": "now"}
     earlier = [m["content"] for m in chat[1:-1] if m["role"] == "user"]
     assert earlier == [f"state {t}" for t in range(3 - kept, 3)]
+
+
+# -- compare A B --env: two checkpoints on the same start states ---------------------------------
+
+PAIRED_FLAGS = ("--context-window", "1", "--max-turns", "6", "-n", "6", "-k", "3",
+                "--max-new-tokens", "48", "--bootstrap", "200")  # fmt: skip
+
+
+def test_compare_plays_both_from_the_same_start_states_and_pairs_their_episodes(tmp_path):
+    """SPEC "Comparing two checkpoints on the same start states": both played (through the
+    results cache), the episode metrics' changes with paired intervals over start states, and
+    B's worse episodes fail the gate's `episodes` rule."""
+    flags = ("--env", f"{GRIDWORLD}:make", *PAIRED_FLAGS, "--out", tmp_path / "cache")
+    result = collapsecheck("compare", WALKER, UNDOER, *flags, "--json", tmp_path / "c.json")
+    assert result.returncode == 1, result.stderr
+    said = " ".join((result.stdout + result.stderr).split())
+    assert "gate failed (rule: episodes): on the same start states, B's" in said
+    assert "paired over start states (both played the same seeds)" in said
+    compared = json.loads((tmp_path / "c.json").read_text())
+    assert compared["episodes_paired"] and "revisit_rate" in compared["episodes_worse"]
+    revisit = compared["metrics"]["revisit_rate"]
+    assert revisit["delta"]["low"] > 0
+    # the other way round nothing is worse, and both are read back from the cache
+    again = collapsecheck("compare", UNDOER, WALKER, *flags, "--json", tmp_path / "r.json")
+    assert again.returncode == 0, again.stderr
+    assert "playing" not in again.stderr  # both read back from the results cache
+    reverse = json.loads((tmp_path / "r.json").read_text())
+    assert reverse["episodes_paired"] and reverse["episodes_worse"] == []
+    assert reverse["metrics"]["revisit_rate"]["delta"]["high"] < 0
+
+
+def test_episodes_from_other_start_states_are_not_paired_and_it_is_said(tmp_path):
+    for name, agent, seed in (("a", WALKER, "0"), ("b", UNDOER, "100")):
+        played = collapsecheck(
+            "scan",
+            agent,
+            "--env",
+            f"{GRIDWORLD}:make",
+            *PAIRED_FLAGS,
+            "--env-seed",
+            seed,
+            "--fail-on",
+            "none",
+            "--dump",
+            tmp_path / name,
+        )
+        assert played.returncode == 0, played.stderr
+    refused = collapsecheck("compare", tmp_path / "a", tmp_path / "b")
+    assert refused.returncode == 2
+    assert "environment's env_seed: A 0, B 100" in refused.stderr
+    anyway = collapsecheck("compare", tmp_path / "a", tmp_path / "b", "--allow-mismatch",
+                           "--json", tmp_path / "c.json")  # fmt: skip
+    assert "episodes not paired: A and B played other start states" in " ".join(
+        anyway.stdout.split()
+    ) + " ".join(anyway.stderr.split())
+    assert not json.loads((tmp_path / "c.json").read_text())["episodes_paired"]

@@ -198,3 +198,19 @@ def test_trajectories_from_one_first_state_share_a_start():
     from collapsecheck.measures.episodes import start_numbers
 
     assert start_numbers(["agent 1,1", "agent 2,2", "agent  1,1 ", "agent 3,3"]) == [0, 1, 0, 2]
+
+
+def test_paired_changes_resample_the_same_start_states_for_both():
+    """SPEC "Comparing two checkpoints on the same start states": B equal to A changes nothing
+    in any resample (an unpaired interval would not be 0 wide); B revisiting more on every
+    start state is worse beyond noise, and only that."""
+    from collapsecheck.measures.episodes import paired_episode_deltas, worse_beyond_noise
+
+    a = [EpisodeIds(s, (A, B, C), (0, 1, 2), D, s % 2 == 0) for s in range(6)]
+    same = paired_episode_deltas(a, a, 6, resamples=200)
+    assert all((d.value, d.low, d.high) == (0, 0, 0) for d in same.values())
+    b = [EpisodeIds(s, (A, B, A), (0, 1, 0), B, s % 2 == 0) for s in range(6)]
+    deltas = paired_episode_deltas(a, b, 6, resamples=200)
+    assert deltas["revisit_rate"].value == pytest.approx(2 / 3)
+    assert deltas["revisit_rate"].low > 0
+    assert worse_beyond_noise(deltas) == ["revisit_rate", "undo_rate"]

@@ -190,6 +190,39 @@ def rates(totals: StartTotals, weights: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
+# the episode metrics a paired compare reads as worse when they move this way (+1 up, -1 down)
+WORSE_WHEN = {"success_rate": -1, "stall_rate": 1, "revisit_rate": 1, "undo_rate": 1}
+
+
+def paired_episode_deltas(
+    a: Sequence[EpisodeIds], b: Sequence[EpisodeIds], starts: int, *,
+    resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+) -> dict[str, Estimate]:  # fmt: skip
+    """B - A of each episode metric where both played the same start states (numbered alike
+    in both): each resample draws the start states once, with all of A's and B's episodes
+    from each, and recomputes both pooled rates (SPEC "Comparing two checkpoints on the same
+    start states")."""
+    totals = start_totals(a, starts), start_totals(b, starts)
+    ones = np.ones((1, starts))
+    weights = bootstrap_prompt_weights(starts, resamples, seed)
+    point = [rates(t, ones) for t in totals]
+    boot = [rates(t, weights) for t in totals]
+    deltas = {}
+    for key in EPISODE_KEYS:
+        change = float(point[1][key][0] - point[0][key][0])
+        deltas[key] = Estimate(change, *finite_interval(boot[1][key] - boot[0][key]))
+    return deltas
+
+
+def worse_beyond_noise(deltas: Mapping[str, Estimate]) -> list[str]:
+    """The episode metrics whose whole 95% interval of B - A lies on their worse side of 0."""
+    return [
+        key
+        for key, sign in WORSE_WHEN.items()
+        if key in deltas and (deltas[key].low > 0 if sign > 0 else deltas[key].high < 0)
+    ]
+
+
 def compute_episode_metrics(
     episodes: Sequence[EpisodeIds], starts: int, *, resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,

@@ -4,18 +4,25 @@ the two reports' intervals."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.episodes import EPISODES_FILE, Episode
 from collapsecheck.measures.early_answer import (
     EARLY_KEYS,
     agreement_key,
     paired_early_differences,
 )
-from collapsecheck.measures.episodes import EPISODE_KEYS
+from collapsecheck.measures.episodes import (
+    EPISODE_KEYS,
+    episode_ids,
+    paired_episode_deltas,
+    worse_beyond_noise,
+)
 from collapsecheck.measures.flow import NOT_MEASURED, FlowLogProbs, paired_flow_differences
 from collapsecheck.measures.image_share import paired_image_share_differences
 from collapsecheck.measures.metrics import (
@@ -81,14 +88,32 @@ def _setting(report: Report, path: tuple[str, ...]) -> Any:
     return UNRECORDED.get(path) if value is None else value
 
 
+# Played scans count the contexts each policy made itself: their environment and how it was
+# played (seeds, turns, episodes) must agree instead (SPEC "Agents across turns")
+PLAYED_ONLY = ("number of prompts N", "samples per prompt K")
+
+
 def differences(a: Report, b: Report) -> list[str]:
     """What differs between two reports' prompts and settings, for a person to read."""
+    played = "env" in a.settings and "env" in b.settings
     found = []
     for name, path in COMPARABLE:
+        if played and name in PLAYED_ONLY:
+            continue
         first, second = _setting(a, path), _setting(b, path)
         if first != second:
             found.append(f"{name}: A {first!r}, B {second!r}")
+    if played:
+        first, second = (played_as(r) for r in (a, b))
+        found += [f"environment's {key}: A {first.get(key)!r}, B {second.get(key)!r}"
+                  for key in sorted(first.keys() | second.keys())
+                  if first.get(key) != second.get(key)]  # fmt: skip
     return found
+
+
+def played_as(report: Report) -> dict[str, Any]:
+    """How a played scan played its environment (where each value came from left out)."""
+    return {k: v for k, v in report.settings["env"].items() if k != "env_sources"}
 
 
 @dataclass
@@ -101,6 +126,10 @@ class Comparison:
     reason: str
     max_drop: float
     warnings: list[str] = field(default_factory=list)
+    # the episode metrics paired by start state, and those worse beyond noise (SPEC
+    # "Comparing two checkpoints on the same start states")
+    episodes_paired: bool = False
+    episodes_worse: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -118,6 +147,8 @@ class Comparison:
             "b_prior": self.b_prior(),
             "max_drop": self.max_drop,
             "lost_input_dependence": self.lost,
+            "episodes_paired": self.episodes_paired,
+            "episodes_worse": self.episodes_worse,
             "reason": self.reason,
             "warnings": self.warnings,
             "metrics": {
@@ -306,16 +337,56 @@ def snr_deltas(a: Report, b: Report) -> dict[str, Estimate]:
     }
 
 
-def episode_deltas(a: Report, b: Report) -> dict[str, Estimate]:
+def episode_deltas(
+    a: Report, b: Report, resamples: int, seed: int
+) -> tuple[dict[str, Estimate], bool, list[str]]:
     """B - A of the episode metrics where both reports have episodes (SPEC "Agents across
-    turns"), unpaired: each played its own episodes."""
+    turns"): paired by start state where both played the same seeds and kept their dumps
+    (SPEC "Comparing two checkpoints on the same start states"), else unpaired; whether they
+    were paired, and a warning where they could not be."""
     if NOT_MEASURED in (a.episodes.regime, b.episodes.regime):
-        return {}
-    return {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in EPISODE_KEYS}
+        return {}, False, []
+    played = played_episodes(a), played_episodes(b)
+    warnings = []
+    if played[0] is not None and played[1] is not None:
+        seeds = [{e.seed for e in episodes} for episodes in played]
+        if seeds[0] == seeds[1] and None not in seeds[0]:
+            order = {s: i for i, s in enumerate(sorted(seeds[0]))}
+            ids = [
+                episode_ids([dataclasses.replace(e, start=order[e.seed]) for e in episodes])[0]
+                for episodes in played
+            ]
+            deltas = paired_episode_deltas(*ids, len(order), resamples=resamples, seed=seed)
+            return deltas, True, []
+        warnings.append(
+            "episodes not paired: A and B played other start states (seeds "
+            f"{sorted(seeds[0])[:4]}... and {sorted(seeds[1])[:4]}...)"
+        )
+    unpaired = {key: _unpaired_delta(a.metrics[key], b.metrics[key]) for key in EPISODE_KEYS}
+    return unpaired, False, warnings
 
 
-def episode_change(deltas: dict[str, Estimate]) -> str:
-    """The reason's clause where B goes back to states it left more often, beyond noise."""
+def played_episodes(report: Report) -> list[Episode] | None:
+    """A played scan's episodes, read from its dump (None: not played, or no dump kept)."""
+    if "env" not in report.settings or report.dump_dir is None:
+        return None
+    path = report.dump_dir / EPISODES_FILE
+    if not path.is_file():
+        return None
+    return [Episode.from_json(json.loads(line)) for line in path.read_text().splitlines() if line]
+
+
+def episode_change(deltas: dict[str, Estimate], paired: bool) -> str:
+    """The reason's clause where B's episodes did worse than A's beyond noise: paired, every
+    worse move (the gate's `episodes` rule); unpaired, B going back to states it left."""
+    if paired:
+        worse = worse_beyond_noise(deltas)
+        if not worse:
+            return ""
+        described = "; ".join(_describe(key, deltas[key]) for key in worse)
+        return (
+            f"; on the same start states, B's episodes did worse than A's beyond noise: {described}"
+        )
     revisit = deltas.get("revisit_rate")
     if revisit is None or revisit.low <= 0:
         return ""
@@ -365,7 +436,9 @@ def compare_reports(
     deltas.update(image_deltas(a, b, matrices, resamples, seed))
     deltas.update(where_deltas(a, b, matrices, resamples, seed))
     deltas.update(snr_deltas(a, b))
-    deltas.update(episode_deltas(a, b))
+    episodes, episodes_paired, episode_warnings = episode_deltas(a, b, resamples, seed)
+    deltas.update(episodes)
+    warnings += episode_warnings
     dropped = [key for key in DEPENDENCE_KEYS if deltas[key].high < -max_drop]
     lost = len(dropped) == len(DEPENDENCE_KEYS)
     changes = "; ".join(_describe(key, deltas[key]) for key in DEPENDENCE_KEYS)
@@ -380,6 +453,8 @@ def compare_reports(
         )
     reason += early_change(deltas)
     reason += where_change(a, b, deltas)
-    reason += episode_change(deltas)
+    reason += episode_change(deltas, episodes_paired)
     warnings += early_fractions_differ(a, b)
-    return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings)
+    worse = worse_beyond_noise(episodes) if episodes_paired else []
+    return Comparison(a, b, deltas, paired, lost, reason, max_drop, warnings, episodes_paired,
+                      worse)  # fmt: skip

@@ -595,6 +595,8 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
         if comparison.paired
         else f"unpaired approximation from the reports' intervals ({unpaired})"
     )
+    if comparison.episodes_paired:
+        method += "; the episode metrics' paired over start states (both played the same seeds)"
     console.print(f"intervals: {method}", style="dim")
     print_warnings(console, comparison.warnings)
     console.print(

@@ -1,11 +1,12 @@
-"""The Python API of runs: a checkpoint through the results cache (`cached_scan`), every
+"""The Python API of runs: a checkpoint through the results cache (`cached_scan`; played in
+an environment, `cached_play`), every
 checkpoint of a run sampled afresh (`scan_run`), a run from the rollouts its trainer wrote
 (`score_run`). Each builds its plan (`runs.plan`), runs it in this process
 (`runs.executors.run_here`) and, for a run, joins it (`runs.join`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,9 @@ from collapsecheck.reports.run_report import RunReport
 from collapsecheck.runs.executors import run_here
 from collapsecheck.runs.join import RunContext, join
 from collapsecheck.runs.pairing import RunRollouts, run_rollouts
-from collapsecheck.runs.plan import plan_run_rollouts, plan_sampled
-from collapsecheck.runs.units import VerdictThresholds
-from collapsecheck.settings import Settings, resolve_settings
+from collapsecheck.runs.plan import plan_played, plan_run_rollouts, plan_sampled
+from collapsecheck.runs.units import PlayedTraces, VerdictThresholds
+from collapsecheck.settings import EnvSettings, Settings, resolve_settings
 
 
 def single_row(checkpoint: Checkpoint) -> RunCheckpoint:
@@ -59,6 +60,35 @@ def cached_scan(
     root = Path(cache_root) if cache_root is not None else None
     plan = plan_sampled([single_row(checkpoint)], Path(prompts), settings, cache=root,
                         rescan=rescan, prior=prior)  # fmt: skip
+    verdicts = VerdictThresholds.of(thresholds, flow_thresholds)
+    return run_here(plan, verdicts, progress, labelled=False)[0]
+
+
+def cached_play(
+    checkpoint: str | Path | Checkpoint,
+    env: EnvSettings,
+    settings: Settings | None = None,
+    *,
+    cache_root: str | Path | None = None,
+    rescan: bool = False,
+    thresholds: Thresholds | None = None,
+    flow_thresholds: FlowThresholds | None = None,
+    progress: ProgressHook = silent,
+    say: Callable[[str], None] = lambda line: None,
+    **flags: Any,
+) -> Report:
+    """`scan --env` of one checkpoint through the results cache, its dump (episodes.jsonl
+    among it) kept in the cache entry: what `compare A B --env` pairs by start state. The
+    environment is loaded (its config found beside the checkpoint) before the model; `say`
+    gets its notes."""
+    settings = resolve_settings(settings, flags)
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = require_checkpoint(checkpoint, settings.load.base_model)
+    played, settings = PlayedTraces.load(env, {}, near=checkpoint.path).resolved(settings)
+    for note in played.notes():
+        say(f"note: {note}")
+    root = Path(cache_root) if cache_root is not None else None
+    plan = plan_played([single_row(checkpoint)], played, settings, cache=root, rescan=rescan)
     verdicts = VerdictThresholds.of(thresholds, flow_thresholds)
     return run_here(plan, verdicts, progress, labelled=False)[0]
 

@@ -344,7 +344,8 @@ class RagenSpec:
         if env.context_window != -1:
             raise CollapsecheckError(
                 f"--context-window goes with FILE.py:FACTORY environments: --env {self.spec} "
-                f"keeps what its config's max_context_window keeps ({setup.max_context_window.source})"
+                "keeps what its config's max_context_window keeps "
+                f"({setup.max_context_window.source})"
             )
         chosen = {
             "env_seed": (env.env_seed, "--env-seed", setup.first_seed),

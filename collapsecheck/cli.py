@@ -678,24 +678,15 @@ def watch(
     has written it whole, into the console, the results cache, --html and the dashboard."""
     from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import check_outputs
-    from collapsecheck.runs.units import PlayedTraces
-    from collapsecheck.runs.watch import PlayedIn, SampledFrom, TrainerRollouts, Watch
+    from collapsecheck.runs.watch import Watch
 
     with user_errors():
         gate = gate_settings.load()
         check_outputs(outputs)
         settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
-        if env_settings.env is not None:
-            others = {"--prompts": prompts, "--rollouts": rollouts, "--baseline": baseline,
-                      "--reward-fn": rewards.reward_fn}  # fmt: skip
-            played, settings = PlayedTraces.load(env_settings, others, run_dir).resolved(settings)
-            for note in played.notes():
-                say(f"note: {note}")
-            traces: Any = PlayedIn(played)
-        elif rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
-            traces = TrainerRollouts(rollouts, prompts)
-        else:
-            traces = SampledFrom(prompts)
+        traces, settings = watched_traces(
+            run_dir, settings, env_settings, prompts, rollouts, baseline
+        )
         boards = dashboards(tensorboard, wandb, run_dir, outputs.out)
         after_step = step_outputs(run_dir, outputs, boards)
         with progress_bars(stderr) as progress:
@@ -714,6 +705,27 @@ def watch(
         if watcher.followed.done:
             print_watched(watcher.run_report(), outputs, verbose)
     raise typer.Exit(code)
+
+
+def watched_traces(
+    run_dir: Path, settings: Settings, env: EnvSettings, prompts: Path | None,
+    rollouts: Path | None, baseline: Path | None,
+) -> tuple[Any, Settings]:  # fmt: skip
+    """Where watch's traces come from, and the settings it diagnoses with (an environment's
+    own config fills those the flags leave unset)."""
+    from collapsecheck.runs.units import PlayedTraces
+    from collapsecheck.runs.watch import PlayedIn, SampledFrom, TrainerRollouts
+
+    if env.env is not None:
+        others = {"--prompts": prompts, "--rollouts": rollouts, "--baseline": baseline,
+                  "--reward-fn": settings.rewards.reward_fn}  # fmt: skip
+        played, settings = PlayedTraces.load(env, others, run_dir).resolved(settings)
+        for note in played.notes():
+            say(f"note: {note}")
+        return PlayedIn(played), settings
+    if rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
+        return TrainerRollouts(rollouts, prompts), settings
+    return SampledFrom(prompts), settings
 
 
 def start_policy(baseline: Path | None, load: LoadSettings) -> Any:
@@ -916,18 +928,29 @@ def compare(
             seed=analysis.seed, allow_mismatch=allow_mismatch,
         )  # fmt: skip
         results = [RuleResult("input dependence", not comparison.lost, comparison.reason)]
-        if comparison.episodes_paired:
-            worse = comparison.episodes_worse
-            results.append(RuleResult(
-                "episodes", not worse, f"on the same start states, B's {', '.join(worse)} did "
-                "worse than A's beyond noise" if worse else "no episode metric did worse",
-            ))  # fmt: skip
+        results += episode_rule(comparison)
         if outputs.json_path is not None:
             write_text_atomic(outputs.json_path, comparison.to_json())
         write_page_and_summary(outputs, comparison, f"{a} vs {b}", second, results)
     print_comparison(stdout, comparison)
     with user_errors():
         finish_gate(results, outputs.junit, "collapsecheck.reports.compare", enforce=gate_exit)
+
+
+def episode_rule(comparison: Any) -> list[Any]:
+    """The gate's `episodes` rule where the episodes were paired by start state (SPEC
+    "Comparing two checkpoints on the same start states")."""
+    from collapsecheck.reports.gate import RuleResult
+
+    if not comparison.episodes_paired:
+        return []
+    worse = comparison.episodes_worse
+    said = (
+        f"on the same start states, B's {', '.join(worse)} did worse than A's beyond noise"
+        if worse
+        else "no episode metric did worse"
+    )
+    return [RuleResult("episodes", not worse, said)]
 
 
 @app.command()

@@ -291,3 +291,11 @@ def test_a_played_scan_says_where_each_value_came_from_and_replays_from_its_dump
                 )
             assert game.observation == episode["final_state"]
             assert played.success is episode["success"] and played.done is episode["done"]
+
+
+def test_no_config_beside_the_checkpoint_is_one_line_naming_the_flag():
+    result = collapsecheck("scan", AGENT, "--env", "ragen:GridWorld")
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "no RAGEN config found (no .hydra/config.yaml beside or up to 3 folders above" in line
+    assert "--env-config FILE" in line

@@ -483,9 +483,7 @@ def play(
     settings = checked(resolve_settings(settings, flags))
     env = env or EnvSettings(env=environment.spec)
     if sources is None:
-        found = environment.resolved(env, settings.sampling)
-        env, sources = found.env, found.sources
-        settings = dataclasses.replace(settings, sampling=found.sampling)
+        env, settings, sources = resolved_play(environment, env, settings)
     started, started_at = time.perf_counter(), utc_now()
     name, checkpoint = checkpoint_name(checkpoint), resolve(checkpoint, loaded, settings)
     params = SamplingParams.of(settings.sampling, settings.analysis.seed)
@@ -495,15 +493,7 @@ def play(
         loaded_at = time.perf_counter()
         played = play_episodes(model, environment, env, params, settings, progress)
         digest = environment.code_sha256
-        data = played.sampled(
-            {
-                "env": {
-                    **env.numbers(),
-                    "env_sha256": digest,
-                    **({"env_sources": sources} if sources else {}),
-                }
-            }
-        )
+        data = played.sampled({"env": played_settings(env, digest, sources)})
         prepared, data = prepare_sampled(data, model, settings, source)
         with holding(dump) as dump_dir:
             recorded = {
@@ -533,6 +523,21 @@ def play(
 
 
 ENVIRONMENT_REWARDS = "the environment, each turn the total of its episode"
+
+
+def played_settings(env: EnvSettings, digest: str, sources: dict[str, str]) -> dict[str, Any]:
+    """The report's `settings.env`: how the environment was played, its code's digest, and
+    where each value its own config gave came from."""
+    return {**env.numbers(), "env_sha256": digest, **({"env_sources": sources} if sources else {})}
+
+
+def resolved_play(
+    environment: EnvironmentSource, env: EnvSettings, settings: Settings
+) -> tuple[EnvSettings, Settings, dict[str, str]]:
+    """The flags where given, else the environment's own config's values, with their
+    sources (`runs.units.PlayedTraces.resolved`, for a caller of the Python API)."""
+    found = environment.resolved(env, settings.sampling)
+    return found.env, dataclasses.replace(settings, sampling=found.sampling), found.sources
 
 
 def rollouts_record(

@@ -399,6 +399,8 @@ def load_ragen(tag: str, near: Path | None, named: Path | None) -> RagenSpec:
             "differently (the class draws from more than the seed): RAGEN's own run may differ "
             "from these episodes"
         )
+    # where to find them again in another process (a Ray task's), whatever its folder
+    near, named = (None if p is None else p.resolve() for p in (near, named))
     return RagenSpec(spec, rules, near, named, tuple(notes))
 
 

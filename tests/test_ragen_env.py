@@ -299,3 +299,37 @@ def test_no_config_beside_the_checkpoint_is_one_line_naming_the_flag():
     (line,) = result.stderr.strip().splitlines()
     assert "no RAGEN config found (no .hydra/config.yaml beside or up to 3 folders above" in line
     assert "--env-config FILE" in line
+
+
+def test_a_loaded_tag_travels_to_another_process_as_its_tag_and_config():
+    """A Ray task gets the spec pickled: it is loaded again there from its tag and its
+    config's absolute path, never as code."""
+    import pickle
+
+    from collapsecheck.inputs.environments import load_environment
+
+    with ragen_importable(SHAPED):
+        spec = load_environment("ragen:GridWorld", {}, config=SHAPED / "config.yaml")
+        again = pickle.loads(pickle.dumps(spec))
+        assert again.spec == "ragen:GridWorld" and again.origin == spec.origin
+        assert again.rules.setup.first_seed == spec.rules.setup.first_seed
+        assert again.code_sha256 == spec.code_sha256
+        assert again.game(42, None, None).observation == spec.game(42, None, None).observation
+
+
+def test_the_python_api_resolves_the_config_as_the_command_does(tmp_path):
+    """`collapsecheck.play` with a loaded `ragen:TAG` and no flags: RAGEN's groups, group size,
+    seeds, turns and temperature."""
+    from collapsecheck import load_environment, play
+    from collapsecheck.settings import EnvSettings
+
+    with ragen_importable(SHAPED):
+        spec = load_environment("ragen:GridWorld", {}, config=SHAPED / "config.yaml")
+        env = EnvSettings(env="ragen:GridWorld", env_config=SHAPED / "config.yaml", max_turns=2)
+        report = play(AGENT, spec, env=env, max_new_tokens=48, device="cpu", bootstrap=50,
+                      dump=tmp_path / "d")  # fmt: skip
+    episodes = [json.loads(line) for line in (tmp_path / "d" / "episodes.jsonl").open()]
+    assert sorted({e["seed"] for e in episodes}) == [42, 43, 44, 45]  # 4 groups from seed 42
+    assert len(episodes) == 8  # group size 2
+    assert report.settings["sampling"]["temperature"] == 0.7
+    assert report.settings["env"]["env_sources"]["max_turns"] == "2 (--max-turns)"

@@ -34,7 +34,7 @@ from collapsecheck.measures.metrics import Estimate, MetricValue, interval_text,
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.measures.token_information import POSITION_PREFIX
 from collapsecheck.measures.verdict import GROUNDED, INCONCLUSIVE
-from collapsecheck.progress import ProgressHook
+from collapsecheck.progress import ProgressHook, stoppable
 from collapsecheck.reports.compare import Comparison
 from collapsecheck.reports.fitted_table import Column, fitted_tables, table_of
 from collapsecheck.reports.report import FLOW_METRICS, KEY_METRICS, Report
@@ -54,7 +54,7 @@ def progress_bars(console: Console) -> Iterator[ProgressHook]:
     """Progress of each pipeline stage: rich bars (with ETA) on a terminal, plain lines as the
     work goes in a log (CI, a file), where a bar would only show at the end."""
     if not console.is_terminal:
-        yield progress_lines(console)
+        yield stoppable(progress_lines(console))
         return
     columns = (
         TextColumn("[bold]{task.description:<22}"),
@@ -75,7 +75,7 @@ def progress_bars(console: Console) -> Iterator[ProgressHook]:
             task = tasks[stage]
             return lambda n: bars.advance(task, n)
 
-        yield start
+        yield stoppable(start)
 
 
 def progress_lines(console: Console) -> ProgressHook:

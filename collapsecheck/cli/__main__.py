@@ -1,0 +1,3 @@
+from collapsecheck.cli import main
+
+main()

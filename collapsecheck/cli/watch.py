@@ -1,0 +1,151 @@
+"""`collapsecheck watch`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from collapsecheck.cli.app import app, say, stderr, stdout, user_errors
+from collapsecheck.cli.finishing import dashboards, verdict_thresholds
+from collapsecheck.cli.options import (
+    Baseline,
+    NoTrainLog,
+    Rollouts,
+    ScanPrompts,
+    TensorBoard,
+    TrainKey,
+    TrainLog,
+    Verbose,
+    WandbRun,
+    WatchRun,
+    parse_train_keys,
+)
+from collapsecheck.cli.settings_options import takes_settings
+from collapsecheck.config import GateSettings
+from collapsecheck.settings import (
+    AnalysisSettings,
+    EnvSettings,
+    LoadSettings,
+    OutputSettings,
+    PromptSettings,
+    RewardSettings,
+    SamplingSettings,
+    ScoringSettings,
+    Settings,
+    WatchSettings,
+)
+
+
+@app.command()
+@takes_settings
+def watch(
+    run_dir: WatchRun,
+    sampling: SamplingSettings,
+    rendering: PromptSettings,
+    scoring: ScoringSettings,
+    analysis: AnalysisSettings,
+    rewards: RewardSettings,
+    load: LoadSettings,
+    gate_settings: GateSettings,
+    outputs: OutputSettings,
+    following: WatchSettings,
+    env_settings: EnvSettings,
+    prompts: ScanPrompts = None,
+    rollouts: Rollouts = None,
+    train_log: TrainLog = None,
+    no_train_log: NoTrainLog = False,
+    train_key: TrainKey = None,
+    baseline: Baseline = None,
+    tensorboard: TensorBoard = None,
+    wandb: WandbRun = None,
+    verbose: Verbose = False,
+) -> None:
+    """Follow a run that is still training: diagnose each checkpoint as soon as its trainer
+    has written it whole, into the console, the results cache, --html and the dashboard."""
+    from collapsecheck.reports.console import progress_bars
+    from collapsecheck.reports.outputs import check_outputs
+    from collapsecheck.runs.watch import Watch
+
+    with user_errors():
+        gate = gate_settings.load()
+        check_outputs(outputs)
+        settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
+        traces, settings = watched_traces(
+            run_dir, settings, env_settings, prompts, rollouts, baseline
+        )
+        boards = dashboards(tensorboard, wandb, run_dir, outputs.out)
+        after_step = step_outputs(run_dir, outputs, boards)
+        with progress_bars(stderr) as progress:
+            watcher = Watch(
+                run_dir, traces, settings,
+                following, gate, verdict_thresholds(gate), outputs.out, say, progress,
+                after_step, training_log=False if no_train_log else (train_log or True),
+                train_keys=parse_train_keys(train_key or []),
+                baseline=start_policy(baseline, load),
+            )  # fmt: skip
+            try:
+                code = watcher.follow()
+            finally:
+                for board in boards:
+                    board.close()
+        if watcher.followed.done:
+            print_watched(watcher.run_report(), outputs, verbose)
+    raise typer.Exit(code)
+
+
+def watched_traces(
+    run_dir: Path, settings: Settings, env: EnvSettings, prompts: Path | None,
+    rollouts: Path | None, baseline: Path | None,
+) -> tuple[Any, Settings]:  # fmt: skip
+    """Where watch's traces come from, and the settings it diagnoses with (an environment's
+    own config fills those the flags leave unset)."""
+    from collapsecheck.runs.units import PlayedTraces
+    from collapsecheck.runs.watch import PlayedIn, SampledFrom, TrainerRollouts
+
+    if env.env is not None:
+        others = {"--prompts": prompts, "--rollouts": rollouts, "--baseline": baseline,
+                  "--reward-fn": settings.rewards.reward_fn}  # fmt: skip
+        played, settings = PlayedTraces.load(env, others, run_dir).resolved(settings)
+        for note in played.notes():
+            say(f"note: {note}")
+        return PlayedIn(played), settings
+    if rollouts is not None or prompts is None:  # -p with --rollouts: veRL's prompt file
+        return TrainerRollouts(rollouts, prompts), settings
+    return SampledFrom(prompts), settings
+
+
+def start_policy(baseline: Path | None, load: LoadSettings) -> Any:
+    """watch's --baseline, checked before the run has a checkpoint (each step's tokenizer is
+    checked against it as the step lands)."""
+    from collapsecheck.inputs.baseline import require_baseline
+
+    if baseline is None:
+        return None
+    return require_baseline(baseline, [], load.base_model, load.trust_remote_code)
+
+
+def step_outputs(run_dir: Path, outputs: OutputSettings, boards: list[Any]) -> Any:
+    """What `watch` writes after each step: --html (the run so far) and the dashboards."""
+
+    def after_step(run: Any, row: Any, report: Any) -> None:
+        if outputs.html is not None:
+            from collapsecheck.reports.html import write_html
+
+            write_html(outputs.html, run, f"{run_dir} (watching; latest: step {row.label})")
+        for board in boards if row.step is not None else []:
+            board.write(row.step, report)
+
+    return after_step
+
+
+def print_watched(run: Any, outputs: OutputSettings, verbose: bool) -> None:
+    """The end of a watch: --json, the run table (and its timing with --verbose)."""
+    from collapsecheck.reports.console import print_run, print_timing
+
+    if outputs.json_path is not None:
+        run.save(outputs.json_path)
+    print_run(stdout, run)
+    if verbose:
+        print_timing(stdout, run)

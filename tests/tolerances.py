@@ -18,6 +18,10 @@ docs/development.md "Comparing floats" says which tests use which.
   what its largest entry moves; so two reports agree within twice a trace's bound
   (`metric_atol`). Counted metrics (retrieval accuracy, rates) are exact unless two entries
   tie within that bound.
+- A metric that divides by a spread of the entries (the z-scores divide each row's matched -
+  marginal by its marginal_std + 1e-3) carries the quotient's relative error: the sum of its
+  numerator's and denominator's, each within `metric_atol` of values of order one nat
+  (`ratio_rtol`).
 """
 
 from __future__ import annotations
@@ -44,22 +48,33 @@ def metric_atol(tokens: int) -> float:
     return 2 * sequence_atol(tokens)
 
 
-def assert_same_numbers(got: object, expected: object, atol: float, where: str = "") -> None:
-    """`got` equals `expected` in every key, string and count, and every float within `atol`
-    (NaN where NaN): for reports computed in two processes (see the module docstring)."""
+RATIO_METRICS = ("mi_zscore", "mi_zscore_seq")  # divided by a spread of the entries
+
+
+def ratio_rtol(tokens: int) -> float:
+    """Relative agreement of a ratio metric's two computations (module docstring)."""
+    return 2 * metric_atol(tokens)
+
+
+def assert_same_numbers(got: object, expected: object, tokens: int, where: str = "") -> None:
+    """`got` equals `expected` in every key, string and count, and every float within
+    `metric_atol(tokens)` (a ratio metric's within `ratio_rtol(tokens)` of its size; NaN where
+    NaN): for reports computed in two processes over traces of at most `tokens` tokens."""
     if isinstance(expected, Mapping):
         assert isinstance(got, Mapping) and got.keys() == expected.keys(), where
         for key in expected:
-            assert_same_numbers(got[key], expected[key], atol, f"{where}.{key}")
+            assert_same_numbers(got[key], expected[key], tokens, f"{where}.{key}")
     elif isinstance(expected, Sequence) and not isinstance(expected, str):
         assert isinstance(got, Sequence) and len(got) == len(expected), where
         for index, (a, b) in enumerate(zip(got, expected, strict=True)):
-            assert_same_numbers(a, b, atol, f"{where}[{index}]")
+            assert_same_numbers(a, b, tokens, f"{where}[{index}]")
     elif isinstance(expected, float) and not isinstance(got, bool):
         assert isinstance(got, int | float), (where, got)
+        ratio = any(f".{name}." in f"{where}." for name in RATIO_METRICS)
+        atol, rtol = metric_atol(tokens), ratio_rtol(tokens) if ratio else 0.0
         same = (math.isnan(got) and math.isnan(expected)) or math.isclose(
-            got, expected, rel_tol=0.0, abs_tol=atol
+            got, expected, rel_tol=rtol, abs_tol=atol
         )
-        assert same, f"{where}: {got!r} vs {expected!r} (tolerance {atol:g})"
+        assert same, f"{where}: {got!r} vs {expected!r} (tolerance {atol:g}, relative {rtol:g})"
     else:
         assert got == expected, f"{where}: {got!r} vs {expected!r}"

@@ -91,7 +91,6 @@ def compare(
     from collapsecheck.files import write_text_atomic
     from collapsecheck.reports.compare import compare_reports
     from collapsecheck.reports.console import print_comparison, progress_bars
-    from collapsecheck.reports.gate import RuleResult
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.runs.cache import default_cache_root
     from collapsecheck.runs.join import read_against_start
@@ -102,16 +101,8 @@ def compare(
         check_outputs(outputs)
         cache = outputs.out or default_cache_root()
         with progress_bars(stderr) as progress:
-            if env_settings.env is not None and prompts is not None:
-                raise CollapsecheckError("--env plays both checkpoints: --prompts goes without it")
-            first, start = obtain_report(
-                a, prompts, settings, gate, cache, rescan, progress, env=env_settings
-            )
-            # B's reasoning is also scored under A, where A is a checkpoint (not in a played
-            # compare: each played its own contexts)
-            prior = None if env_settings.env is not None else start
-            second, _ = obtain_report(
-                b, prompts, settings, gate, cache, rescan, progress, prior, env_settings
+            first, second = both_reports(
+                (a, b), prompts, settings, gate, cache, rescan, progress, env_settings
             )
         if second.prior.baseline is not None:
             read_against_start([second], first)
@@ -119,8 +110,7 @@ def compare(
             first, second, max_drop=gate.max_drop, resamples=analysis.bootstrap,
             seed=analysis.seed, allow_mismatch=allow_mismatch,
         )  # fmt: skip
-        results = [RuleResult("input dependence", not comparison.lost, comparison.reason)]
-        results += episode_rule(comparison)
+        results = compare_rules(comparison)
         if outputs.json_path is not None:
             write_text_atomic(outputs.json_path, comparison.to_json())
         write_page_and_summary(outputs, comparison, f"{a} vs {b}", second, results)
@@ -129,17 +119,32 @@ def compare(
         finish_gate(results, outputs.junit, "collapsecheck.reports.compare", enforce=gate_exit)
 
 
-def episode_rule(comparison: Any) -> list[Any]:
-    """The gate's `episodes` rule where the episodes were paired by start state (SPEC
-    "Comparing two checkpoints on the same start states")."""
+def both_reports(
+    pair: tuple[Path, Path], prompts: Path | None, settings: Settings, gate: Any, cache: Path,
+    rescan: bool, progress: Any, env: EnvSettings,
+) -> tuple[Any, Any]:  # fmt: skip
+    """A's report and B's: B's reasoning also scored under A, where A is a checkpoint (not in
+    a played compare: each played its own contexts)."""
+    if env.env is not None and prompts is not None:
+        raise CollapsecheckError("--env plays both checkpoints: --prompts goes without it")
+    first, start = obtain_report(pair[0], prompts, settings, gate, cache, rescan, progress, env=env)
+    prior = None if env.env is not None else start
+    second, _ = obtain_report(pair[1], prompts, settings, gate, cache, rescan, progress, prior, env)
+    return first, second
+
+
+def compare_rules(comparison: Any) -> list[Any]:
+    """The gate's rules of a comparison: input dependence, and where the episodes were paired
+    by start state, `episodes` (SPEC "Comparing two checkpoints on the same start states")."""
     from collapsecheck.reports.gate import RuleResult
 
+    rules = [RuleResult("input dependence", not comparison.lost, comparison.reason)]
     if not comparison.episodes_paired:
-        return []
+        return rules
     worse = comparison.episodes_worse
     said = (
         f"on the same start states, B's {', '.join(worse)} did worse than A's beyond noise"
         if worse
         else "no episode metric did worse"
     )
-    return [RuleResult("episodes", not worse, said)]
+    return [*rules, RuleResult("episodes", not worse, said)]

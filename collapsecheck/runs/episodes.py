@@ -68,7 +68,8 @@ def play(
     """Every episode played to its end or to the turn limit (`env`: resolved, its seeds and
     turns set)."""
     starts = settings.sampling.num_prompts or DEFAULT_STARTS
-    first, turns = int(env.env_seed or 0), int(env.max_turns or 1)
+    first, turns = env.env_seed, env.max_turns
+    assert first is not None and turns is not None, "the environment resolves them first"
     playing = [
         Playing(start, source.game(first + start, env, settings.prompts))
         for start in range(starts)

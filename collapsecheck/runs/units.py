@@ -131,7 +131,7 @@ class PlayedTraces:
     def notes(self) -> list[str]:
         """What the scan says before it plays: where each value its environment's config gave
         came from, and what the environment's adapter noticed."""
-        said = list(getattr(self.environment, "notes", ()))
+        said = list(self.environment.notes)
         if self.sources:
             values = "; ".join(f"{name} {value}" for name, value in self.sources.items())
             said.insert(0, f"--env {self.environment.spec} plays by {values}")

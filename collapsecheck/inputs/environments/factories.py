@@ -69,6 +69,7 @@ class EnvironmentSpec:
     factory: Callable[..., Any]
     origin: Path
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # a factory's environment is played as loaded: nothing to say
 
     @property
     def code_sha256(self) -> str:

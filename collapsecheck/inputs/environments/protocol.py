@@ -58,9 +58,11 @@ class Game(Protocol):
 
 class EnvironmentSource(Protocol):
     """A loaded `--env` spec: its name, the file its cache entries are keyed by and that file's
-    digest (with the code's), its key, and the games it makes."""
+    digest (with the code's), its key, what it noticed while loading (said before the scan),
+    and the games it makes."""
 
     spec: str
+    notes: tuple[str, ...]
 
     @property
     def origin(self) -> Path: ...

@@ -506,11 +506,18 @@ class EnvSettings:
         "current one (RAGEN's max_context_window).", numbers=True, commands=ENV_COMMANDS,
     )  # fmt: skip
 
+    env_timeout: float = setting(
+        60.0, "Seconds one call into the environment (a reset, a step, a tool) may take before "
+        "the scan stops on it (0: no limit; the call then runs in the scan's own thread).",
+        numbers=False, commands=ENV_COMMANDS,
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "env_arg", tuple(self.env_arg or ()))
         if self.env_config is not None:
             object.__setattr__(self, "env_config", Path(self.env_config))
         _at_least(self.max_turns, 1, "max_turns")
+        _require(self.env_timeout >= 0, f"--env-timeout must be 0 or more, got {self.env_timeout}")
         window = self.context_window
         _require(
             window == -1 or window >= 1, f"--context-window must be -1 or at least 1, got {window}"
@@ -523,8 +530,8 @@ class EnvSettings:
 
     def numbers(self) -> dict[str, Any]:
         """What keys a played scan's cache (its config's file is keyed as the environment's
-        code is, by its content)."""
-        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "env_config"}
+        code is, by its content; the timeout changes nothing it measures)."""
+        kept = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata["numbers"]}
         return kept | {"env_arg": list(self.env_arg)}
 
 

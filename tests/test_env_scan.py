@@ -200,7 +200,7 @@ def test_an_environment_at_fault_is_one_line_naming_it(spec, said, tmp_path):
     ("args", "said"),
     [
         (("--env-arg", "size"), "--env-arg expects KEY=VALUE, got 'size'"),
-        (("--prompts", EXAMPLES / "prompts" / "gridworld.jsonl"), "--prompts do not go with it"),
+        (("--prompts", EXAMPLES / "prompts" / "gridworld.jsonl"), "--prompts does not go with it"),
         (("--context-window", "0"), "--context-window must be -1 or at least 1"),
     ],
 )

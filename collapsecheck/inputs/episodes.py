@@ -26,7 +26,8 @@ class EpisodeTurn:
     none; None where it is still to be located), the reward and the environment's info.
     Where a manager executes several actions a turn (RAGEN's, SPEC "RAGEN's own
     environments"): the action names as it parsed them, the ids it executed, the render after
-    each and the format penalty it charged (None elsewhere)."""
+    each and the format penalty it charged (None elsewhere). Where a framework's environment
+    gets the whole reply: the reply as it was given (`given`) and the messages it returned."""
 
     state: str
     response: str
@@ -37,6 +38,15 @@ class EpisodeTurn:
     action_ids: tuple[int | str, ...] | None = None
     renders: tuple[str, ...] | None = None
     penalty: float | None = None
+    given: str | None = None
+    returned: tuple[dict[str, Any], ...] | None = None
+
+    def exchanged(self) -> dict[str, Any]:
+        """What a chat-playing framework's environment was given and returned (SPEC "Every
+        framework's environment"), as episodes.jsonl keeps them (none elsewhere)."""
+        if self.given is None:
+            return {}
+        return {"given": self.given, "returned": list(self.returned or ())}
 
     def executed(self) -> dict[str, Any]:
         """The manager's fields as episodes.jsonl keeps them (none where there is no manager)."""
@@ -77,6 +87,7 @@ class Episode:
                     "reward": t.reward,
                     "info": t.info,
                     **t.executed(),
+                    **t.exchanged(),
                 }
                 for t in self.turns
             ],
@@ -89,7 +100,8 @@ class Episode:
     def from_json(cls, row: dict[str, Any]) -> Episode:
         turns = tuple(
             EpisodeTurn(t["state"], t["response"], t.get("action"), t.get("reward"),
-                        t.get("info") or {}, *_executed(t))
+                        t.get("info") or {}, *_executed(t), t.get("given"),
+                        None if "returned" not in t else tuple(t["returned"]))
             for t in row["turns"]
         )  # fmt: skip
         return cls(row.get("start"), row.get("seed"), turns, row.get("final_state"),

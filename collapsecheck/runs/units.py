@@ -109,16 +109,18 @@ class PlayedTraces:
         """`--env`'s environment loaded and checked now, before any model (`near`: the
         checkpoint or run, beside which a framework's saved config is looked for); the options
         of other trace sources that were given (`given`: each flag and its value, None where
-        not given) refused in one line."""
-        named = [flag for flag, value in given.items() if value is not None]
+        not given) refused in one line; --prompts goes to the environment, whose adapter plays
+        a dataset's rows as start states or refuses it."""
+        named = [flag for flag, value in given.items() if value is not None and flag != PROMPTS]
         if named:
             raise CollapsecheckError(
                 f"--env plays the checkpoint in its environment: {', '.join(named)} do not go "
                 "with it (the environment gives the states and the rewards)"
             )
         environment = load_environment(
-            env.env, parse_env_args(env.env_arg), near=near, config=env.env_config
-        )
+            env.env, parse_env_args(env.env_arg), near, env.env_config, given.get(PROMPTS),
+            env.env_timeout,
+        )  # fmt: skip
         return cls(environment, env)
 
     def resolved(self, settings: Settings) -> tuple[PlayedTraces, Settings]:
@@ -146,6 +148,7 @@ class PlayedTraces:
 
 
 Traces = SampledTraces | RolloutTraces | PlayedTraces
+PROMPTS = "--prompts"  # a dataset whose rows are a framework's start states (SkyRL's, TRL's)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ A framework is one module and one line of `ADAPTERS` (its prefix and loader)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,41 +23,62 @@ from collapsecheck.inputs.environments.factories import (
     parse_env_args,
 )
 from collapsecheck.inputs.environments.protocol import (
+    Adapter,
     EnvironmentSource,
     Game,
+    Loading,
     Resolved,
     TurnPlayed,
+    refuse_unused,
 )
-from collapsecheck.inputs.environments.ragen import load_ragen
+from collapsecheck.inputs.environments.ragen import RAGEN
+from collapsecheck.inputs.environments.textarena import TEXTARENA
 
-# a SPEC `PREFIX:NAME` is loaded by its adapter as loader(NAME, near, config); any other by
-# `load_factory`
-ADAPTERS: dict[str, Callable[[str, Path | None, Path | None], EnvironmentSource]] = {
-    "ragen": load_ragen,
+# a SPEC `PREFIX:NAME` is loaded by its adapter; any other is a factory's, played as the one
+# adapter that recognises what it makes plays it, else as collapsecheck plays it (`factories`)
+ADAPTERS: dict[str, Adapter] = {
+    "ragen": RAGEN,
+    "textarena": TEXTARENA,
 }
 
 
 def load_environment(
     spec: str,
-    kwargs: Mapping[str, Any],
+    kwargs: Mapping[str, Any] | None = None,
     near: Path | None = None,
     config: Path | None = None,
+    dataset: Path | None = None,
+    timeout: float = 60.0,
 ) -> EnvironmentSource:
-    """The SPEC loaded and checked before any model loads (`near`: the checkpoint, beside
-    which a framework's saved config is looked for; `config`: --env-config)."""
+    """The SPEC loaded and checked before any model loads (`kwargs`: --env-arg; `near`: the
+    checkpoint; `config`: --env-config; `dataset`: --prompts; `timeout`: --env-timeout)."""
+    return loaded_environment(spec, Loading(dict(kwargs or {}), near, config, dataset, timeout))
+
+
+def loaded_environment(spec: str, loading: Loading) -> EnvironmentSource:
     prefix, sep, name = spec.partition(":")
     if sep and prefix in ADAPTERS:
-        if kwargs:
-            raise CollapsecheckError(
-                f"--env {spec}: --env-arg goes with FILE.py:FACTORY (the {prefix} environment is "
-                "built from its config)"
-            )
-        return ADAPTERS[prefix](name, near, config)
-    if config is not None:
+        return ADAPTERS[prefix].load(name, loading)
+    refuse_unused(spec, loading, ("--env-arg",), FACTORY_TAKES)
+    factory, made = load_factory(spec, loading.kwargs, loading.timeout)
+    claims = [p for p, a in ADAPTERS.items() if a.recognises is not None and a.recognises(made)]
+    if len(claims) > 1:
+        named = " or ".join(f"{p}:{spec}" for p in claims)
         raise CollapsecheckError(
-            f"--env-config goes with --env {' or '.join(f'{p}:TAG' for p in ADAPTERS)}"
+            f"--env {spec}: what the factory makes has what {' and '.join(claims)} "
+            f"environments have; say which it is: --env {named}"
         )
-    return load_factory(spec, kwargs)
+    if claims:
+        adopt = ADAPTERS[claims[0]].adopt
+        assert adopt is not None, "an adapter that recognises a factory's object adopts it"
+        return adopt(factory, loading)
+    return factory
+
+
+FACTORY_TAKES = (
+    "--env-config and --prompts go with a framework's environment: "
+    + ", ".join(f"{p}:" for p in ADAPTERS) + "..."
+)
 
 
 __all__ = [
@@ -66,6 +87,7 @@ __all__ = [
     "EnvironmentSource",
     "EnvironmentSpec",
     "Game",
+    "Loading",
     "Resolved",
     "TurnPlayed",
     "kept_info",

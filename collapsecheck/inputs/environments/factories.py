@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.environments.calls import call_within
 from collapsecheck.inputs.environments.protocol import Resolved, TurnPlayed
 from collapsecheck.inputs.episodes import EpisodeTurn
 from collapsecheck.inputs.prompts import Messages, Prompt, RenderedPrompt, render_prompts
@@ -106,12 +107,15 @@ class EnvironmentSpec:
 
     def game(self, seed: int, env: EnvSettings, prompts: PromptSettings) -> FactoryGame:
         """One episode's environment, reset at `seed`."""
-        return FactoryGame(Environment(self, seed), env.context_window, prompts)
+        return FactoryGame(Environment(self, seed, env.env_timeout), env.context_window, prompts)
 
 
-def load_factory(spec: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
-    """The SPEC's factory, loaded and checked, before any model loads; a fresh environment is
-    made once here, so a factory that fails says so now."""
+def load_factory(
+    spec: str, kwargs: Mapping[str, Any], timeout: float = 0
+) -> tuple[EnvironmentSpec, Any]:
+    """The SPEC's factory, loaded and checked, before any model loads, and a fresh environment
+    it made (so a factory that fails says so now, and an adapter can recognise what it
+    makes)."""
     target = BUILT_IN.get(spec, spec)
     where, sep, name = target.rpartition(":")
     if not (sep and where and name):
@@ -124,13 +128,12 @@ def load_factory(spec: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
     if not callable(factory):
         raise CollapsecheckError(f"--env {spec}: {where} has no factory {name!r}")
     loaded = EnvironmentSpec(spec, factory, origin.resolve(), dict(kwargs))
-    loaded.make(seed=0)
-    return loaded
+    return loaded, call_within(timeout, f"--env {spec} (seed 0, made)", lambda: loaded.make(0))
 
 
 def reloaded(spec: str, found: str, kwargs: Mapping[str, Any]) -> EnvironmentSpec:
     """A pickled SPEC loaded again from `found` (its file's absolute path), named as given."""
-    return dataclasses.replace(load_factory(found, kwargs), spec=spec)
+    return dataclasses.replace(load_factory(found, kwargs)[0], spec=spec)
 
 
 def _module(spec: str, where: str) -> tuple[Any, Path]:
@@ -175,9 +178,9 @@ class Environment:
     """One episode's environment, read through either protocol; every answer checked, an
     error naming the environment, the seed and the turn."""
 
-    def __init__(self, spec: EnvironmentSpec, seed: int) -> None:
-        self.spec, self.seed = spec, seed
-        self.env = spec.make(seed)
+    def __init__(self, spec: EnvironmentSpec, seed: int, timeout: float = 0) -> None:
+        self.spec, self.seed, self.timeout = spec, seed, timeout
+        self.env = self._call(None, lambda: spec.make(seed))
 
     @property
     def system_prompt(self) -> str | None:
@@ -217,12 +220,7 @@ class Environment:
         return Step(self._observation(observation, turn), float(reward), done, info)
 
     def _call(self, turn: int | None, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception as err:  # the environment can fail in any way
-            raise CollapsecheckError(
-                f"{self._where(turn)}: the environment raised {type(err).__name__}: {err}"
-            ) from None
+        return call_within(self.timeout, self._where(turn), call)
 
     def _observation(self, value: Any, turn: int | None) -> str:
         if not isinstance(value, str):

@@ -6,10 +6,12 @@ did (`TurnPlayed`). A framework's adapter is one module and one line of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.episodes import EpisodeTurn
 from collapsecheck.inputs.prompts import Prompt, RenderedPrompt
 
@@ -75,3 +77,41 @@ class EnvironmentSource(Protocol):
     def resolved(self, env: EnvSettings, sampling: SamplingSettings) -> Resolved: ...
 
     def game(self, seed: int, env: EnvSettings, prompts: PromptSettings) -> Game: ...
+
+
+@dataclass(frozen=True)
+class Loading:
+    """What a SPEC is loaded with: the --env-arg pairs, the checkpoint (beside which a
+    framework's saved config is looked for), --env-config, a dataset whose rows are the start
+    states (--prompts) and --env-timeout. An adapter refuses in one line what it cannot use."""
+
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    near: Path | None = None
+    config: Path | None = None
+    dataset: Path | None = None
+    timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A framework's adapter: `load(NAME, loading)` for `--env PREFIX:NAME`; where a bare
+    FILE.py:FACTORY's environment can be its framework's, `recognises(environment)` says so by
+    what the object has and `adopt(factory_spec, loading)` plays it so."""
+
+    load: Callable[[str, Loading], EnvironmentSource]
+    recognises: Callable[[Any], bool] | None = None
+    adopt: Callable[[Any, Loading], EnvironmentSource] | None = None
+
+
+def refuse_unused(spec: str, loading: Loading, takes: tuple[str, ...], why: str) -> None:
+    """One line where the SPEC is given an option its adapter does not use (`takes`: the ones
+    it does, of --env-arg, --env-config and --prompts; `why`: how it is built instead)."""
+    given = {
+        "--env-arg": bool(loading.kwargs),
+        "--env-config": loading.config is not None,
+        "--prompts": loading.dataset is not None,
+    }
+    unused = [flag for flag, on in given.items() if on and flag not in takes]
+    if unused:
+        verb = "does" if len(unused) == 1 else "do"
+        raise CollapsecheckError(f"--env {spec}: {', '.join(unused)} {verb} not go with it ({why})")

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.factories import kept_info
-from collapsecheck.inputs.environments.protocol import Resolved, TurnPlayed
+from collapsecheck.inputs.environments.protocol import Adapter, Loading, refuse_unused, Resolved, TurnPlayed
 from collapsecheck.inputs.environments.ragen_classes import RagenClasses, ragen_classes
 from collapsecheck.inputs.environments.ragen_config import (
     RagenSetup,
@@ -418,3 +418,12 @@ def reproducible(rules: RagenRules, seed: int, spec: str) -> bool:
     one.close()
     two.close()
     return same
+
+
+def load_tag(tag: str, loading: Loading) -> RagenSpec:
+    """`--env ragen:TAG` as the registry loads it: built from its config alone."""
+    refuse_unused(f"ragen:{tag}", loading, ("--env-config",), "it is built from its config")
+    return load_ragen(tag, loading.near, loading.config)
+
+
+RAGEN = Adapter(load_tag)

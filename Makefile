@@ -40,11 +40,17 @@ demo: $(STAMP)
 AGENT_ARGS ?= --env examples/environments/gridworld.py:make --context-window 1 --max-turns 8 \
 	-n 8 -k 4 --max-new-tokens 48 --fail-on none
 
+# ... and one played in a framework's environment as its trainer plays it (docs/agents.md)
+FRAMEWORK_ARGS ?= --env textarena:GuessTheNumber-v0 --max-turns 3 -n 4 -k 2 --max-new-tokens 48 \
+	--fail-on none
+
 demo-agents: $(STAMP)
 	@echo "== an agent that walks to its goal: examples/agents/walker"
 	$(VENV)/bin/collapsecheck scan examples/agents/walker $(AGENT_ARGS)
 	@echo "== an agent that undoes its own moves: examples/agents/undoer"
 	$(VENV)/bin/collapsecheck scan examples/agents/undoer $(AGENT_ARGS)
+	@echo "== the walker in a framework's environment, as its trainer plays it: TextArena's GuessTheNumber"
+	$(VENV)/bin/collapsecheck scan examples/agents/walker $(FRAMEWORK_ARGS)
 
 # Retrain the demo agents (scripts/make_agents.py; about fifteen minutes on 2 CPU cores)
 agents: $(STAMP)

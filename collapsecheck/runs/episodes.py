@@ -127,8 +127,8 @@ def require_room(
             raise CollapsecheckError(
                 f"{prompt.origin}: the context has {len(render.ids)} tokens and the response "
                 f"needs {room} of the model's {limit}: lower --max-turns or --max-new-tokens, or "
-                "keep fewer turns (--context-window; ragen:TAG: its config's max_context_window "
-                "with context_window_mode limited_multi_turn)"
+                "keep fewer turns (FILE.py:FACTORY: --context-window; ragen:TAG: its config's "
+                "max_context_window with context_window_mode limited_multi_turn)"
             )
 
 

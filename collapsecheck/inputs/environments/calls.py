@@ -5,6 +5,7 @@ answer within --env-timeout seconds."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -54,5 +55,16 @@ def _answered(where: str, call: Callable[[], T]) -> T:
         raise CollapsecheckError(f"{where}: {fault}") from None
     except Exception as err:  # the environment's code can fail in any way
         raise CollapsecheckError(
-            f"{where}: the environment raised {type(err).__name__}: {err}"
+            f"{where}: the environment raised {type(err).__name__}: {said(err)}"
         ) from None
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+SAID = 300  # characters of an environment's error message kept on the one line
+
+
+def said(err: Exception) -> str:
+    """An exception's message on one line: colours and runs of decoration dropped, cut short."""
+    words = [w for w in ANSI.sub("", str(err)).split() if w.strip("*=-")]
+    text = " ".join(words)
+    return text if len(text) <= SAID else text[: SAID - 3] + "..."

@@ -69,7 +69,7 @@ def test_the_end_is_the_games_with_its_reward_for_player_zero():
     secret = ta.make("GuessTheNumber-v0")
     secret.reset(num_players=1, seed=seed)
     number = secret.env.env.state.game_state["game_number"]
-    game, turns = played(GUESS, seed, ["[1]", f"so [{number}]"])
+    _, turns = played(GUESS, seed, ["[1]", f"so [{number}]"])
     last = turns[-1]
     assert last.done and last.success is True and last.turn.reward == 1.0
     assert last.turn.returned == () and "guessed the correct number" in last.observation
@@ -96,8 +96,8 @@ def test_episodes_played_side_by_side_draw_as_each_alone():
 
 def test_a_played_scan_replays_from_its_dump(tmp_path):
     dump = tmp_path / "dump"
-    result = collapsecheck("scan", AGENT, "--env", GUESS, "-n", "2", "-k", "2", "--max-turns",
-                           "3", "--max-new-tokens", "24", "--fail-on", "none", "--dump", dump)  # fmt: skip
+    flags = ["-n", "2", "-k", "2", "--max-turns", "3", "--max-new-tokens", "24", "--fail-on"]
+    result = collapsecheck("scan", AGENT, "--env", GUESS, *flags, "none", "--dump", dump)
     assert result.returncode == 0, result.stderr
     episodes = [json.loads(line) for line in (dump / "episodes.jsonl").open()]
     assert [e["seed"] for e in episodes] == [0, 0, 1, 1]
@@ -130,8 +130,10 @@ def test_a_missing_textarena_names_the_extra():
     hide = "import sys; sys.modules['textarena'] = None; "
     result = collapsecheck("scan", AGENT, "--env", GUESS, code=hide)
     assert result.returncode == 2, result.stderr
-    assert "--env textarena:GuessTheNumber-v0: textarena is not installed (pip install " \
+    assert (
+        "--env textarena:GuessTheNumber-v0: textarena is not installed (pip install "
         "'collapsecheck[textarena]')" in " ".join(result.stderr.split())
+    )
 
 
 def test_newest_message_is_the_text_after_the_last_game_mark():

@@ -57,7 +57,7 @@ def obtain_report(
         "flow_thresholds": gate.flow_thresholds, "progress": progress,
     }  # fmt: skip
     if env is not None and env.env is not None:
-        return cached_play(single, env, settings, say=say, **common), single
+        return cached_play(single, env, settings, say=say, prompts=prompts, **common), single
     if prompts is None:
         raise CollapsecheckError("--prompts FILE (or --env SPEC) is needed to scan a checkpoint")
     return cached_scan(single, prompts, settings, prior=prior, **common), single
@@ -125,8 +125,6 @@ def both_reports(
 ) -> tuple[Any, Any]:  # fmt: skip
     """A's report and B's: B's reasoning also scored under A, where A is a checkpoint (not in
     a played compare: each played its own contexts)."""
-    if env.env is not None and prompts is not None:
-        raise CollapsecheckError("--env plays both checkpoints: --prompts goes without it")
     first, start = obtain_report(pair[0], prompts, settings, gate, cache, rescan, progress, env=env)
     prior = None if env.env is not None else start
     second, _ = obtain_report(pair[1], prompts, settings, gate, cache, rescan, progress, prior, env)

@@ -23,7 +23,7 @@ from collapsecheck.runs.executors import run_here
 from collapsecheck.runs.join import RunContext, join
 from collapsecheck.runs.pairing import RunRollouts, run_rollouts
 from collapsecheck.runs.plan import plan_played, plan_run_rollouts, plan_sampled
-from collapsecheck.runs.units import PlayedTraces, VerdictThresholds
+from collapsecheck.runs.units import PROMPTS, PlayedTraces, VerdictThresholds
 from collapsecheck.settings import EnvSettings, Settings, resolve_settings
 
 
@@ -75,16 +75,18 @@ def cached_play(
     flow_thresholds: FlowThresholds | None = None,
     progress: ProgressHook = silent,
     say: Callable[[str], None] = lambda line: None,
+    prompts: str | Path | None = None,
     **flags: Any,
 ) -> Report:
     """`scan --env` of one checkpoint through the results cache, its dump (episodes.jsonl
     among it) kept in the cache entry: what `compare A B --env` pairs by start state. The
-    environment is loaded (its config found beside the checkpoint) before the model; `say`
-    gets its notes."""
+    environment is loaded (its config found beside the checkpoint; `prompts`: a dataset whose
+    rows are its start states, SkyRL's or TRL's) before the model; `say` gets its notes."""
     settings = resolve_settings(settings, flags)
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = require_checkpoint(checkpoint, settings.load.base_model)
-    played, settings = PlayedTraces.load(env, {}, near=checkpoint.path).resolved(settings)
+    dataset = {PROMPTS: None if prompts is None else Path(prompts)}
+    played, settings = PlayedTraces.load(env, dataset, near=checkpoint.path).resolved(settings)
     for note in played.notes():
         say(f"note: {note}")
     root = Path(cache_root) if cache_root is not None else None

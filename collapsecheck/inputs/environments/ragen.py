@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.factories import kept_info
-from collapsecheck.inputs.environments.protocol import Adapter, Loading, refuse_unused, Resolved, TurnPlayed
+from collapsecheck.inputs.environments.protocol import (
+    Adapter,
+    Loading,
+    Resolved,
+    TurnPlayed,
+    refuse_unused,
+)
 from collapsecheck.inputs.environments.ragen_classes import RagenClasses, ragen_classes
 from collapsecheck.inputs.environments.ragen_config import (
     RagenSetup,

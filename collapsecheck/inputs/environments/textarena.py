@@ -46,7 +46,9 @@ class TextArenaSession(PlainSession):
             except (AssertionError, ValueError) as err:
                 raise EnvironmentFault(_not_single(game, str(err))) from None
         if not isinstance(self.env.state, ta.SinglePlayerState):
-            raise EnvironmentFault(_not_single(game, f"its state is {type(self.env.state).__name__}"))
+            raise EnvironmentFault(
+                _not_single(game, f"its state is {type(self.env.state).__name__}")
+            )
 
     def _log(self) -> str:
         answer = self.env.get_observation()

@@ -1,5 +1,7 @@
 """Shared fixtures: the shipped demo checkpoints and random-initialised tiny models."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,13 @@ def tiny_checkpoint(kind: str, path: Path, tokenizer) -> Path:
 def private_cache(tmp_path_factory, monkeypatch):
     """Scans through the results cache write under a temporary directory, never to ~/.cache."""
     monkeypatch.setenv("COLLAPSECHECK_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
+def run_collapsecheck(*args, code: str = "") -> subprocess.CompletedProcess:
+    """The command line run in a fresh process, offline, from the repository's root (`code`:
+    Python run before it, e.g. to hide a package as a machine without it would)."""
+    run = f"{code}from collapsecheck.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", run, *map(str, args)], capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )  # fmt: skip

@@ -4,8 +4,6 @@ TextArena 0.7.4's own classes, as verifiers' TextArena task set plays them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import textarena as ta
@@ -15,18 +13,11 @@ from collapsecheck.inputs.environments import load_environment
 from collapsecheck.inputs.environments.textarena import newest_message
 from collapsecheck.settings import EnvSettings, PromptSettings
 from tests.conftest import EXAMPLES
+from tests.conftest import run_collapsecheck as collapsecheck
 
 AGENT = EXAMPLES / "agents" / "walker"
 GUESS = "textarena:GuessTheNumber-v0"
 REPLIES = ["I think it is [10]", "no idea", "[5]", "[15]"]
-
-
-def collapsecheck(*args, code: str = ""):
-    run = f"{code}from collapsecheck.cli import main; main()"
-    return subprocess.run(
-        [sys.executable, "-c", run, *map(str, args)], capture_output=True, text=True,
-        timeout=600, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )  # fmt: skip
 
 
 def played(spec: str, seed: int, replies: list[str]):

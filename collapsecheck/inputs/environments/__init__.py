@@ -4,9 +4,13 @@ episode (`protocol`):
 
 - `factories`: `FILE.py:FACTORY`, `package.module:FACTORY` or a built-in (`frozenlake`),
   played as collapsecheck plays them (the chat of observations and responses);
-- `ragen`: `ragen:TAG`, RAGEN's own environments as RAGEN's managers play them.
+- `ragen`: `ragen:TAG`, RAGEN's own environments as RAGEN's managers play them;
+- the frameworks whose trainers play a chat (SPEC "Every framework's environment"), each a
+  `chat.Session` behind `chat.ChatGame`: `skyrl` (SkyRL-gym), `trl_tools` (TRL's
+  environment_factory), `textarena`, `gem`, `openenv`.
 
-A framework is one module and one line of `ADAPTERS` (its prefix and loader)."""
+Every call into an environment's code goes through `calls.call_within` (--env-timeout). A
+framework is one module and one line of `ADAPTERS` (its prefix and `protocol.Adapter`)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from collapsecheck.inputs.environments.factories import (
     load_factory,
     parse_env_args,
 )
+from collapsecheck.inputs.environments.gem import GEM
+from collapsecheck.inputs.environments.openenv import OPENENV
 from collapsecheck.inputs.environments.protocol import (
     Adapter,
     EnvironmentSource,
@@ -32,13 +38,19 @@ from collapsecheck.inputs.environments.protocol import (
     refuse_unused,
 )
 from collapsecheck.inputs.environments.ragen import RAGEN
+from collapsecheck.inputs.environments.skyrl import SKYRL
 from collapsecheck.inputs.environments.textarena import TEXTARENA
+from collapsecheck.inputs.environments.trl_tools import TRL_TOOLS
 
 # a SPEC `PREFIX:NAME` is loaded by its adapter; any other is a factory's, played as the one
 # adapter that recognises what it makes plays it, else as collapsecheck plays it (`factories`)
 ADAPTERS: dict[str, Adapter] = {
+    "gem": GEM,
+    "openenv": OPENENV,
     "ragen": RAGEN,
+    "skyrl": SKYRL,
     "textarena": TEXTARENA,
+    "trl": TRL_TOOLS,
 }
 
 
@@ -59,7 +71,6 @@ def loaded_environment(spec: str, loading: Loading) -> EnvironmentSource:
     prefix, sep, name = spec.partition(":")
     if sep and prefix in ADAPTERS:
         return ADAPTERS[prefix].load(name, loading)
-    refuse_unused(spec, loading, ("--env-arg",), FACTORY_TAKES)
     factory, made = load_factory(spec, loading.kwargs, loading.timeout)
     claims = [p for p, a in ADAPTERS.items() if a.recognises is not None and a.recognises(made)]
     if len(claims) > 1:
@@ -71,13 +82,15 @@ def loaded_environment(spec: str, loading: Loading) -> EnvironmentSource:
     if claims:
         adopt = ADAPTERS[claims[0]].adopt
         assert adopt is not None, "an adapter that recognises a factory's object adopts it"
-        return adopt(factory, loading)
+        return adopt(factory, loading)  # an adopter refuses the options it does not use
+    refuse_unused(spec, loading, ("--env-arg",), FACTORY_TAKES)
     return factory
 
 
 FACTORY_TAKES = (
     "--env-config and --prompts go with a framework's environment: "
-    + ", ".join(f"{p}:" for p in ADAPTERS) + "..."
+    + ", ".join(f"{p}:" for p in ADAPTERS)
+    + "..."
 )
 
 

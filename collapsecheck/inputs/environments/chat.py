@@ -127,6 +127,7 @@ class ChatGame:
     whole each turn with --system-prompt (where given) and --chat-template-kwargs."""
 
     def __init__(self, where: str, seed: int, session: Session, timeout: float) -> None:
+        """`where`: "--env SPEC (Framework", which each call's fault completes."""
         self.where, self.seed, self.session, self.timeout = where, seed, session, timeout
         opening = self._call(None, session.start)
         self.chat: Messages = list(opening.messages)
@@ -136,7 +137,7 @@ class ChatGame:
 
     def _call(self, turn: int | None, call: Callable[[], Any]) -> Any:
         at = "reset" if turn is None else f"turn {turn}"
-        return call_within(self.timeout, f"{self.where} (seed {self.seed}, {at})", call)
+        return call_within(self.timeout, f"{self.where}, seed {self.seed}, {at})", call)
 
     def context(
         self, tokenizer: Any, settings: PromptSettings, origin: str
@@ -256,7 +257,7 @@ class FrameworkSpec:
         where = f"--env {self.spec} ({self.framework}"
         session = call_within(env.env_timeout, f"{where}, seed {seed}, reset)",
                               lambda: self.open_session(seed, env))  # fmt: skip
-        return ChatGame(f"{where})", seed, session, env.env_timeout)
+        return ChatGame(where, seed, session, env.env_timeout)
 
     def noting(self, notes: tuple[str, ...]) -> FrameworkSpec:
         return dataclasses.replace(self, notes=self.notes + notes)

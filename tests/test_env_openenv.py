@@ -159,6 +159,17 @@ def test_the_global_generators_are_each_episodes_own_and_seeded():
     assert "two OpenEnv environments reset at seed 0 start differently" in note
 
 
+def test_a_scan_says_once_and_reports_that_its_episodes_are_not_reproducible(tmp_path):
+    result = collapsecheck("scan", AGENT, "--env", f"openenv:{GAME}:Unseeded", "-n", "2", "-k",
+                           "1", "--max-turns", "2", "--max-new-tokens", "32", "--fail-on", "none",
+                           "--whole-response", "--json", tmp_path / "report.json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stdout.split()) + " ".join(result.stderr.split())
+    assert said.count("not reproducible by seed") == 1, said
+    notes = json.loads((tmp_path / "report.json").read_text())["settings"]["env"]["env_notes"]
+    assert len(notes) == 1 and "not reproducible by seed" in notes[0]
+
+
 def test_a_loaded_spec_travels_to_another_process_as_its_spec():
     spec = load(f"openenv:{GAME}:NumberGuess", high=7)
     again = pickle.loads(pickle.dumps(spec))

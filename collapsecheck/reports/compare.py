@@ -113,7 +113,9 @@ def differences(a: Report, b: Report) -> list[str]:
 
 def played_as(report: Report) -> dict[str, Any]:
     """How a played scan played its environment (where each value came from left out)."""
-    return {k: v for k, v in report.settings["env"].items() if k != "env_sources"}
+    return {
+        k: v for k, v in report.settings["env"].items() if k not in ("env_sources", "env_notes")
+    }
 
 
 @dataclass

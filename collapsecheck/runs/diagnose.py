@@ -493,7 +493,7 @@ def play(
         loaded_at = time.perf_counter()
         played = play_episodes(model, environment, env, params, settings, progress)
         digest = environment.code_sha256
-        data = played.sampled({"env": played_settings(env, digest, sources)})
+        data = played.sampled({"env": played_settings(env, digest, sources, environment.notes)})
         prepared, data = prepare_sampled(data, model, settings, source)
         with holding(dump) as dump_dir:
             recorded = {
@@ -525,10 +525,16 @@ def play(
 ENVIRONMENT_REWARDS = "the environment, each turn the total of its episode"
 
 
-def played_settings(env: EnvSettings, digest: str, sources: dict[str, str]) -> dict[str, Any]:
-    """The report's `settings.env`: how the environment was played, its code's digest, and
-    where each value its own config gave came from."""
-    return {**env.numbers(), "env_sha256": digest, **({"env_sources": sources} if sources else {})}
+def played_settings(
+    env: EnvSettings, digest: str, sources: dict[str, str], notes: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The report's `settings.env`: how the environment was played, its code's digest, where
+    each value its own config gave came from, and what its adapter noticed loading it (that
+    its episodes are not reproducible by seed, say)."""
+    return {
+        **env.numbers(), "env_sha256": digest, **({"env_sources": sources} if sources else {}),
+        **({"env_notes": list(notes)} if notes else {}),
+    }  # fmt: skip
 
 
 def resolved_play(

@@ -153,6 +153,8 @@ def test_skyrl_colon_plays_each_rows_env_class(tmp_path):
     assert "rows without an env_class are played in gsm8k" in spec.notes[0]
     ends = [spec.game(s, settings("skyrl:", 3), None).play("#### 1", "", 1).done for s in range(3)]
     assert ends == [True, False, True]  # gsm8k ends after one step
+    bare = load_environment("skyrl", dataset=tmp_path / "mixed.parquet")  # the same as skyrl:
+    assert (bare.spec, bare.files, bare.notes) == (spec.spec, spec.files, spec.notes)
 
 
 def test_a_factorys_base_text_env_is_played_as_skyrl_plays_it(tmp_path):

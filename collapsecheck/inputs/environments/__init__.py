@@ -68,8 +68,8 @@ def load_environment(
 
 
 def loaded_environment(spec: str, loading: Loading) -> EnvironmentSource:
-    prefix, sep, name = spec.partition(":")
-    if sep and prefix in ADAPTERS:
+    prefix, _, name = spec.partition(":")
+    if prefix in ADAPTERS:  # `skyrl` alone is `skyrl:` (a SkyRL dataset's own env_class)
         return ADAPTERS[prefix].load(name, loading)
     factory, made = load_factory(spec, loading.kwargs, loading.timeout)
     claims = [p for p, a in ADAPTERS.items() if a.recognises is not None and a.recognises(made)]

@@ -4,6 +4,7 @@ TextArena 0.7.4's own classes, as verifiers' TextArena task set plays them."""
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 import textarena as ta
@@ -12,7 +13,7 @@ from transformers import AutoTokenizer
 from collapsecheck.inputs.environments import load_environment
 from collapsecheck.inputs.environments.textarena import newest_message
 from collapsecheck.settings import EnvSettings, PromptSettings
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, ROOT
 from tests.conftest import run_collapsecheck as collapsecheck
 
 AGENT = EXAMPLES / "agents" / "walker"
@@ -130,3 +131,30 @@ def test_a_missing_textarena_names_the_extra():
 def test_newest_message_is_the_text_after_the_last_game_mark():
     assert newest_message("\n[GAME] rules\n[Player] [3]\n[GAME] higher.") == "higher."
     assert newest_message("  no marks ") == "no marks"
+
+
+GAMES = ROOT / "tests" / "fixtures" / "environments" / "textarena" / "games.py"
+
+
+@pytest.mark.parametrize("spec", [f"{GAMES}:guess", f"textarena:{GAMES}:guess"])
+def test_a_factorys_textarena_game_is_played_as_textarena_id_is(spec):
+    """A factory of the user's own that makes a TextArena game, bare or named: the same chat,
+    given and returned as `textarena:ID` plays that game."""
+    factory = load_environment(spec, {"high": 20})
+    assert factory.framework == "TextArena" and factory.spec == spec
+    ours, turns = played(spec, 3, REPLIES)
+    theirs, expected = played(GUESS, 3, REPLIES)
+    assert ours.chat == theirs.chat
+    assert [t.turn.returned for t in turns] == [t.turn.returned for t in expected]
+    again = pickle.loads(pickle.dumps(factory))
+    assert (again.spec, again.code_sha256) == (factory.spec, factory.code_sha256)
+
+
+def test_a_factory_two_frameworks_claim_is_refused_naming_their_prefixes():
+    from collapsecheck.errors import CollapsecheckError
+
+    with pytest.raises(CollapsecheckError) as refused:
+        load_environment(f"{GAMES}:both")
+    said = str(refused.value)
+    assert "has what gem and textarena environments have" in said
+    assert f"--env gem:{GAMES}:both or textarena:{GAMES}:both" in said

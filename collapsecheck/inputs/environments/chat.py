@@ -23,8 +23,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.calls import call_within
-from collapsecheck.inputs.environments.factories import DEFAULT_TURNS, kept_info
-from collapsecheck.inputs.environments.protocol import Resolved, TurnPlayed
+from collapsecheck.inputs.environments.factories import (
+    DEFAULT_TURNS,
+    EnvironmentSpec,
+    kept_info,
+    load_factory,
+)
+from collapsecheck.inputs.environments.protocol import Loading, Resolved, TurnPlayed
 from collapsecheck.inputs.episodes import EpisodeTurn
 from collapsecheck.inputs.prompts import Messages, Prompt, RenderedPrompt, render_prompt
 from collapsecheck.settings import DEFAULT_STARTS
@@ -197,6 +202,22 @@ def import_framework(module: str, extra: str, spec: str) -> Any:
 def module_file(name: str) -> Path:
     """The file of the module an environment's code is in, which keys the cache."""
     return Path(inspect.getfile(importlib.import_module(name))).resolve()
+
+
+def claimed_factory(
+    spec: str, name: str, loading: Loading, recognises: Callable[[Any], bool], framework: str
+) -> EnvironmentSpec | None:
+    """`PREFIX:FILE.py:FACTORY` (`name` the part after the prefix): the factory, named by the
+    whole spec, whose object must be the framework's; None where `name` names no file."""
+    if not name.rpartition(":")[0].endswith(".py"):
+        return None
+    factory, made = load_factory(name, loading.kwargs, loading.timeout)
+    if not recognises(made):
+        raise CollapsecheckError(
+            f"--env {spec}: the factory makes a {type(made).__name__}, not a {framework} "
+            "environment"
+        )
+    return dataclasses.replace(factory, spec=spec)
 
 
 @dataclass(frozen=True, eq=False)

@@ -27,6 +27,7 @@ from collapsecheck.inputs.environments.chat import (
     FrameworkSpec,
     Opening,
     PlainSession,
+    claimed_factory,
     import_framework,
     module_file,
     package_version,
@@ -256,10 +257,14 @@ def entry_module(entry: Any) -> str:
 
 
 def load_skyrl(name: str, loading: Loading) -> FrameworkSpec:
-    """`--env skyrl:ID` (`skyrl:`: each row's env_class) over SkyRL's dataset (--prompts)."""
+    """`--env skyrl:ID` (`skyrl:`: each row's env_class; `skyrl:FILE.py:FACTORY`: a factory's
+    BaseTextEnv) over SkyRL's dataset (--prompts)."""
     spec = f"skyrl:{name}"
     refuse_unused(spec, loading, ("--env-arg", "--prompts"), TAKES)
     gym = import_framework("skyrl_gym", "skyrl", spec)
+    factory = claimed_factory(spec, name, loading, is_text_env, "SkyRL BaseTextEnv")
+    if factory is not None:
+        return adopt_skyrl(factory, loading)
     dataset = dataset_rows(spec, loading)
     classes = played_classes(gym, spec, name, dataset[1])
     configs = {c: env_config(spec, c, loading.kwargs) for c in set(classes)}

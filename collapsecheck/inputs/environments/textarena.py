@@ -3,10 +3,14 @@ verifiers' TextArena task set plays them: `ta.make(ID)` with the game's default 
 with one player at the episode's seed; the first user message the whole first observation, the
 whole reply (stripped) to `step`, and after each step the newest message of the game's log (the
 text after its last `[GAME]`) as the next user message; the game's reward for player 0 when it
-ends. A game for several players is refused in one line."""
+ends. A game for several players is refused in one line. A bare FILE.py:FACTORY whose object
+is a TextArena game is played so too."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
@@ -17,11 +21,13 @@ from collapsecheck.inputs.environments.chat import (
     Opening,
     OwnRandom,
     PlainSession,
+    claimed_factory,
     import_framework,
     module_file,
     package_version,
     seed_note,
 )
+from collapsecheck.inputs.environments.factories import EnvironmentSpec
 from collapsecheck.inputs.environments.protocol import Adapter, Loading, refuse_unused
 from collapsecheck.settings import EnvSettings
 
@@ -37,10 +43,10 @@ def newest_message(log: str) -> str:
 class TextArenaSession(PlainSession):
     """One game, its draws from the global generators its own (`OwnRandom`)."""
 
-    def __init__(self, ta: Any, game: str, kwargs: dict[str, Any], seed: int) -> None:
+    def __init__(self, ta: Any, game: str, make: Callable[[], Any], seed: int) -> None:
         self.ta, self.game, self.random = ta, game, OwnRandom(seed)
         with self.random.drawing():
-            self.env = ta.make(game, **kwargs)
+            self.env = make()
             try:
                 self.env.reset(num_players=1, seed=seed)
             except (AssertionError, ValueError) as err:
@@ -85,25 +91,52 @@ def _not_single(game: str, why: str) -> str:
 
 def load_textarena(game: str, loading: Loading) -> FrameworkSpec:
     """`--env textarena:ID`: the game looked up in TextArena's registry and reset once at the
-    first seed, so a missing game or one for several players says so before the model."""
+    first seed, so a missing game or one for several players says so before the model
+    (`textarena:FILE.py:FACTORY`: a factory's game)."""
     spec = f"textarena:{game}"
     refuse_unused(spec, loading, ("--env-arg",), "--env-arg goes to ta.make")
     ta = import_framework("textarena", "textarena", spec)
+    factory = claimed_factory(spec, game, loading, recognises, "TextArena")
+    if factory is not None:
+        return adopt(factory, loading)
     entry = ta.envs.registration.ENV_REGISTRY.get(game)
     if entry is None:
         raise CollapsecheckError(f"--env {spec}: TextArena has no game {game!r}")
     kwargs = dict(loading.kwargs)
+    source = module_file(entry.entry_point.partition(":")[0])
+    reload = (load_textarena, (game, Loading(kwargs, timeout=loading.timeout)))
+    return played(spec, ta, game, lambda: ta.make(game, **kwargs), source, reload, loading)
+
+
+def played(
+    spec: str, ta: Any, game: str, make: Callable[[], Any], source: Path,
+    reload: tuple[Callable[..., Any], tuple[Any, ...]], loading: Loading,
+) -> FrameworkSpec:  # fmt: skip
+    """The spec whose episodes are TextArena games `make` makes, checked at the first seed."""
 
     def open_session(seed: int, env: EnvSettings) -> TextArenaSession:
-        return TextArenaSession(ta, game, kwargs, seed)
+        return TextArenaSession(ta, game, make, seed)
 
-    source = module_file(entry.entry_point.partition(":")[0])
     loaded = FrameworkSpec(
-        spec, "TextArena", open_session, (source,), package_version("textarena"),
-        (load_textarena, (game, Loading(kwargs, timeout=loading.timeout))),
-    )  # fmt: skip
+        spec, "TextArena", open_session, (source,), package_version("textarena"), reload
+    )
     first = EnvSettings(env=spec, env_seed=0, env_timeout=loading.timeout)
     return loaded.noting(seed_note(loaded, first))
 
 
-TEXTARENA = Adapter(load_textarena)
+def recognises(environment: Any) -> bool:
+    """A TextArena game (wrapped or not): its classes are TextArena's or derive from them."""
+    return any(str(c.__module__).startswith("textarena.") for c in type(environment).__mro__)
+
+
+def adopt(factory: EnvironmentSpec, loading: Loading) -> FrameworkSpec:
+    """A bare FILE.py:FACTORY that makes a TextArena game (`ta.make(...)`, wrapped as the user
+    likes), played as `textarena:ID` is (its --env-arg pairs went to the factory)."""
+    refuse_unused(factory.spec, loading, ("--env-arg",), "a TextArena game from its factory")
+    ta = import_framework("textarena", "textarena", factory.spec)
+    reload = (adopt, (factory, Loading(dict(loading.kwargs), timeout=loading.timeout)))
+    make = functools.partial(factory.factory, **factory.kwargs)
+    return played(factory.spec, ta, factory.spec, make, factory.origin, reload, loading)
+
+
+TEXTARENA = Adapter(load_textarena, recognises, adopt)

@@ -19,15 +19,17 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.calls import EnvironmentFault, call_within
 from collapsecheck.inputs.environments.chat import (
     Answer,
-    FrameworkSpec,
     Opening,
     OwnRandom,
     PlainSession,
+)
+from collapsecheck.inputs.environments.factories import EnvironmentSpec, load_factory
+from collapsecheck.inputs.environments.framework import (
+    FrameworkSpec,
     import_framework,
     package_version,
     seed_note,
 )
-from collapsecheck.inputs.environments.factories import EnvironmentSpec, load_factory
 from collapsecheck.inputs.environments.protocol import Adapter, Loading, refuse_unused
 from collapsecheck.settings import EnvSettings
 

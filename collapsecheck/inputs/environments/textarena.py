@@ -17,17 +17,19 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.calls import EnvironmentFault
 from collapsecheck.inputs.environments.chat import (
     Answer,
-    FrameworkSpec,
     Opening,
     OwnRandom,
     PlainSession,
+)
+from collapsecheck.inputs.environments.factories import EnvironmentSpec
+from collapsecheck.inputs.environments.framework import (
+    FrameworkSpec,
     claimed_factory,
     import_framework,
     module_file,
     package_version,
     seed_note,
 )
-from collapsecheck.inputs.environments.factories import EnvironmentSpec
 from collapsecheck.inputs.environments.protocol import Adapter, Loading, refuse_unused
 from collapsecheck.settings import EnvSettings
 

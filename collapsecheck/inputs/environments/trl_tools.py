@@ -27,15 +27,17 @@ from collapsecheck.inputs.environments.calls import EnvironmentFault
 from collapsecheck.inputs.environments.chat import (
     Answer,
     ChatGame,
-    FrameworkSpec,
     Opening,
     OwnRandom,
     PlainSession,
+)
+from collapsecheck.inputs.environments.factories import EnvironmentSpec, load_factory
+from collapsecheck.inputs.environments.framework import (
+    FrameworkSpec,
     import_framework,
     package_version,
     seed_note,
 )
-from collapsecheck.inputs.environments.factories import EnvironmentSpec, load_factory
 from collapsecheck.inputs.environments.protocol import Adapter, Loading, TurnPlayed, refuse_unused
 from collapsecheck.inputs.prompts import Messages, numbered_rows, template_source
 from collapsecheck.settings import EnvSettings

@@ -486,7 +486,8 @@ class EnvSettings:
         "(-n start states, -k episodes from each).", numbers=True, commands=ENV_COMMANDS,
     )  # fmt: skip
     env_arg: tuple[str, ...] = setting(
-        (), "KEY=VALUE passed to the environment's factory (repeatable).", numbers=True,
+        (), "KEY=VALUE passed to the environment's factory (textarena:/gem: to the framework's "
+        "make, openenv: to the class, skyrl: its env config; repeatable).", numbers=True,
         cli_type=list[str], commands=ENV_COMMANDS, metavar="KEY=VALUE",
     )  # fmt: skip
     env_config: Path | None = setting(

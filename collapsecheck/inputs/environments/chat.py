@@ -58,11 +58,16 @@ class Session(Protocol):
     """One episode's environment as a framework's trainer drives it. `keeps_chat`: each turn's
     context is the whole chat (False: only the newest observation, as GEM's trainers rebuild
     the prompt each turn); `attach` gives it the checkpoint's tokenizer before the first turn
-    (TRL parses tool calls with it)."""
+    and answers the chat template arguments its trainer renders with (TRL parses tool calls
+    with the tokenizer, and swaps in its training template where the checkpoint's is not
+    prefix-preserving); `rendered` tells it each turn's context (TRL's parser reads the
+    context a reply continues)."""
 
     keeps_chat: bool
 
-    def attach(self, tokenizer: Any) -> None: ...
+    def attach(self, tokenizer: Any) -> Mapping[str, Any]: ...
+
+    def rendered(self, context: RenderedPrompt) -> None: ...
 
     def start(self) -> Opening: ...
 
@@ -72,11 +77,15 @@ class Session(Protocol):
 
 
 class PlainSession:
-    """What most sessions share: the whole chat kept, no tokenizer needed, nothing to close."""
+    """What most sessions share: the whole chat kept, rendered as the flags say, no tokenizer
+    or context needed, nothing to close."""
 
     keeps_chat = True
 
-    def attach(self, tokenizer: Any) -> None:
+    def attach(self, tokenizer: Any) -> Mapping[str, Any]:
+        return {}
+
+    def rendered(self, context: RenderedPrompt) -> None:
         return None
 
     def close(self) -> None:
@@ -125,7 +134,7 @@ class ChatGame:
         self.chat: Messages = list(opening.messages)
         self.tools = [dict(tool) for tool in opening.tools]
         self.observation = opening.state
-        self.attached = False
+        self.template: dict[str, Any] | None = None  # the session's, once it has the tokenizer
 
     def _call(self, turn: int | None, call: Callable[[], Any]) -> Any:
         at = "reset" if turn is None else f"turn {turn}"
@@ -134,17 +143,17 @@ class ChatGame:
     def context(
         self, tokenizer: Any, settings: PromptSettings, origin: str
     ) -> tuple[Prompt, RenderedPrompt]:
-        if not self.attached:
-            self._call(None, lambda: self.session.attach(tokenizer))
-            self.attached = True
+        if self.template is None:
+            self.template = dict(self._call(None, lambda: self.session.attach(tokenizer)))
         chat = self.chat if self.session.keeps_chat else self.chat[-1:]
         prompt = Prompt([dict(m) for m in chat], origin)
-        kwargs = dict(settings.chat_template_kwargs or {})
+        kwargs = {**(settings.chat_template_kwargs or {}), **self.template}
         if self.tools:
             kwargs["tools"] = self.tools
         rendered = render_prompt(
             prompt, tokenizer, system_prompt=settings.system_prompt, template_kwargs=kwargs
         )
+        self.session.rendered(rendered)
         return prompt, rendered
 
     def play(self, response: str, located: str, turn: int) -> TurnPlayed:

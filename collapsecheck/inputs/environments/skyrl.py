@@ -202,8 +202,9 @@ class SkyRLSession(PlainSession):
         self.skipped: tuple[str, ...] = ()
         self.state = ""
 
-    def attach(self, tokenizer: Any) -> None:
+    def attach(self, tokenizer: Any) -> Mapping[str, Any]:
         self.skipped = special_texts(tokenizer)
+        return {}
 
     def start(self) -> Opening:
         answer = self.env.init(copy.deepcopy(self.prompt))

@@ -17,7 +17,7 @@ import dataclasses
 import inspect
 import json
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +26,6 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.calls import EnvironmentFault
 from collapsecheck.inputs.environments.chat import (
     Answer,
-    ChatGame,
     Opening,
     OwnRandom,
     PlainSession,
@@ -38,13 +37,12 @@ from collapsecheck.inputs.environments.framework import (
     package_version,
     seed_note,
 )
-from collapsecheck.inputs.environments.protocol import Adapter, Loading, TurnPlayed, refuse_unused
+from collapsecheck.inputs.environments.protocol import Adapter, Loading, refuse_unused
 from collapsecheck.inputs.prompts import Messages, numbered_rows, template_source
 from collapsecheck.settings import EnvSettings
 
 if TYPE_CHECKING:
-    from collapsecheck.inputs.prompts import Prompt, RenderedPrompt
-    from collapsecheck.settings import PromptSettings
+    from collapsecheck.inputs.prompts import RenderedPrompt
 
 NOT_TOOLS = ("reset", "get_reward")
 
@@ -223,7 +221,7 @@ class TrlClass:
 class TrlSession(PlainSession):
     """One rollout: a fresh instance reset with its row, its draws from the global generators
     its own (`OwnRandom`); the tokenizer, the template TRL renders with and each turn's context
-    (`prefix`, which TRL's parser reads) given by `TrlGame`."""
+    (`prefix`, which TRL's parser reads) given by the game (`chat.ChatGame`)."""
 
     def __init__(self, loaded: TrlClass, seed: int, limit: int | None) -> None:
         self.loaded, self.seed, self.limit = loaded, seed, limit
@@ -232,14 +230,16 @@ class TrlSession(PlainSession):
             self.env = loaded.factory.make(seed)
         self.tools = {method.__name__: method for method in tool_methods(self.env)}
         self.tokenizer: Any = None
-        self.template: dict[str, Any] = {}
         self.prefix: list[int] = []
         self.total, self.state = 0.0, ""
 
-    def attach(self, tokenizer: Any) -> None:
-        if self.tokenizer is not tokenizer:
-            self.template = tool_template(self.loaded.spec, tokenizer) if self.tools else {}
-            self.tokenizer = tokenizer
+    def attach(self, tokenizer: Any) -> Mapping[str, Any]:
+        """The template TRL renders with (its training template where it swaps it in)."""
+        self.tokenizer = tokenizer
+        return tool_template(self.loaded.spec, tokenizer) if self.tools else {}
+
+    def rendered(self, context: RenderedPrompt) -> None:
+        self.prefix = list(context.ids)
 
     def start(self) -> Opening:
         row = self.loaded.rows[self.seed]
@@ -300,49 +300,7 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
-class TrlGame:
-    """A chat game whose contexts render with the template TRL renders with, each one told to
-    the session (TRL's parser reads the context a reply continues)."""
-
-    def __init__(self, game: ChatGame) -> None:
-        self.game, self.seed = game, game.seed
-
-    @property
-    def observation(self) -> str:
-        return self.game.observation
-
-    @property
-    def chat(self) -> Messages:
-        return self.game.chat
-
-    def context(
-        self, tokenizer: Any, settings: PromptSettings, origin: str
-    ) -> tuple[Prompt, RenderedPrompt]:
-        session = self.game.session
-        assert isinstance(session, TrlSession)
-        session.attach(tokenizer)
-        kwargs = {**(settings.chat_template_kwargs or {}), **session.template}
-        rendered = dataclasses.replace(settings, chat_template_kwargs=kwargs)
-        prompt, context = self.game.context(tokenizer, rendered, origin)
-        session.prefix = list(context.ids)
-        return prompt, context
-
-    def play(self, response: str, located: str, turn: int) -> TurnPlayed:
-        return self.game.play(response, located, turn)
-
-    def close(self) -> None:
-        self.game.close()
-
-
-@dataclass(frozen=True, eq=False)
-class TrlSpec(FrameworkSpec):
-    """A loaded `trl:` spec: its games are `TrlGame`s."""
-
-    def game(self, seed: int, env: EnvSettings, prompts: PromptSettings | None) -> TrlGame:
-        return TrlGame(super().game(seed, env, prompts))
-
-
-def load_trl(name: str, loading: Loading) -> TrlSpec:
+def load_trl(name: str, loading: Loading) -> FrameworkSpec:
     """`--env trl:FILE.py:CLASS` with `--prompts DATASET`: the class loaded and made once (its
     tools described as TRL describes them) and the first row's episode reset twice, before
     the model loads."""
@@ -362,7 +320,7 @@ def load_trl(name: str, loading: Loading) -> TrlSpec:
         return TrlSession(loaded, seed, env.max_turns)
 
     found = dataclasses.replace(loading, dataset=loading.dataset.resolve())
-    played = TrlSpec(
+    played = FrameworkSpec(
         spec, "TRL", open_session, (factory.origin, loading.dataset.resolve()),
         package_version("trl"), (_reloaded, (name, _absolute(name, factory), found)),
         starts=len(loaded.rows),
@@ -388,7 +346,7 @@ def _absolute(name: str, factory: EnvironmentSpec) -> str:
     return f"{factory.origin}:{cls}" if where.endswith(".py") else name
 
 
-def _reloaded(name: str, found: str, loading: Loading) -> TrlSpec:
+def _reloaded(name: str, found: str, loading: Loading) -> FrameworkSpec:
     """A pickled spec loaded again (in a Ray task) from its file's absolute path, named as
     given."""
     return dataclasses.replace(load_trl(found, loading), spec=f"trl:{name}")

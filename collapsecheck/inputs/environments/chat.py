@@ -54,6 +54,14 @@ class Answer:
     assistant: dict[str, Any] | None = None
 
 
+def is_text_chat(value: Any) -> bool:
+    """A list of messages with a string role and a string content each."""
+    return isinstance(value, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
+
+
 class Session(Protocol):
     """One episode's environment as a framework's trainer drives it. `keeps_chat`: each turn's
     context is the whole chat (False: only the newest observation, as GEM's trainers rebuild

@@ -10,7 +10,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ from collapsecheck.inputs.environments.factories import (
     EnvironmentSpec,
     load_factory,
 )
-from collapsecheck.inputs.environments.protocol import Loading, Resolved
+from collapsecheck.inputs.environments.protocol import Resolved
 from collapsecheck.settings import DEFAULT_STARTS
 
 if TYPE_CHECKING:
@@ -57,20 +57,39 @@ def module_file(name: str) -> Path:
     return Path(inspect.getfile(importlib.import_module(name))).resolve()
 
 
+def named_factory(
+    spec: str, name: str, kwargs: Mapping[str, Any], timeout: float
+) -> tuple[EnvironmentSpec, Any]:
+    """`PREFIX:FILE.py:FACTORY`'s factory (`name`: the part after the prefix), loaded as a bare
+    one is and named by the whole spec (what it cannot load said of it too), with an object it
+    made."""
+    try:
+        factory, made = load_factory(name, kwargs, timeout)
+    except CollapsecheckError as err:
+        raise CollapsecheckError(str(err).replace(f"--env {name}", f"--env {spec}", 1)) from None
+    return dataclasses.replace(factory, spec=spec), made
+
+
 def claimed_factory(
-    spec: str, name: str, loading: Loading, recognises: Callable[[Any], bool], framework: str
-) -> EnvironmentSpec | None:
-    """`PREFIX:FILE.py:FACTORY` (`name` the part after the prefix): the factory, named by the
-    whole spec, whose object must be the framework's; None where `name` names no file."""
+    spec: str, name: str, kwargs: Mapping[str, Any], timeout: float,
+    recognises: Callable[[Any], bool], what: str,
+) -> EnvironmentSpec | None:  # fmt: skip
+    """`PREFIX:FILE.py:FACTORY`'s factory, whose object must be the framework's (`what`: the
+    kind it must be, as the refusal says it); None where `name` names no file."""
     if not name.rpartition(":")[0].endswith(".py"):
         return None
-    factory, made = load_factory(name, loading.kwargs, loading.timeout)
+    factory, made = named_factory(spec, name, kwargs, timeout)
     if not recognises(made):
         raise CollapsecheckError(
-            f"--env {spec}: the factory makes a {type(made).__name__}, not a {framework} "
-            "environment"
+            f"--env {spec}: the factory makes a {type(made).__name__}, not {what}"
         )
-    return dataclasses.replace(factory, spec=spec)
+    return factory
+
+
+def made_by(environment: Any, package: str) -> bool:
+    """Whether an object's class is one of `package`'s or derives from one: read from its
+    classes' modules, so the package need not be imported to ask."""
+    return any(str(c.__module__).startswith(f"{package}.") for c in type(environment).__mro__)
 
 
 @dataclass(frozen=True, eq=False)

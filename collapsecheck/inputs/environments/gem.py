@@ -29,10 +29,12 @@ from collapsecheck.inputs.environments.chat import (
     OwnRandom,
     PlainSession,
 )
-from collapsecheck.inputs.environments.factories import DEFAULT_TURNS, EnvironmentSpec, load_factory
+from collapsecheck.inputs.environments.factories import DEFAULT_TURNS, EnvironmentSpec
 from collapsecheck.inputs.environments.framework import (
     FrameworkSpec,
+    claimed_factory,
     import_framework,
+    made_by,
     module_file,
     package_version,
     seed_note,
@@ -253,28 +255,19 @@ def load_gem(name: str, loading: Loading) -> FrameworkSpec:
         files = (source_of(entry.entry_point),)
         return played(spec, gem, lambda seed: gem.make(name, **kwargs), names, files, reload,
                       loading.timeout)  # fmt: skip
-    if name.rpartition(":")[0].endswith(".py"):
-        factory = gem_factory(spec, name, kwargs, loading.timeout)
+    factory = claimed_factory(
+        spec, name, kwargs, loading.timeout, recognises, "a GEM environment (a gem.core.Env)"
+    )
+    if factory is not None:
         return played(spec, gem, factory.make, names, (factory.origin,), reload, loading.timeout)
     near = difflib.get_close_matches(name, list(gem.registry), n=3)
     hint = f"did you mean {' or '.join(near)}?" if near else "gem.print_envs() lists them"
     raise CollapsecheckError(f"--env {spec}: GEM has no environment {name!r} ({hint})")
 
 
-def gem_factory(spec: str, name: str, kwargs: Mapping[str, Any], timeout: float) -> EnvironmentSpec:
-    """`gem:FILE.py:FACTORY`'s factory, which must make a GEM environment."""
-    factory, made = load_factory(name, kwargs, timeout)
-    if not recognises(made):
-        raise CollapsecheckError(
-            f"--env {spec}: the factory makes a {type(made).__name__}, not a GEM environment "
-            "(a gem.core.Env)"
-        )
-    return factory
-
-
 def recognises(environment: Any) -> bool:
     """A GEM environment: its class is one of GEM's or derives from one (`gem.core.Env`)."""
-    return any(str(c.__module__).startswith("gem.") for c in type(environment).__mro__)
+    return made_by(environment, "gem")
 
 
 def adopt(factory: EnvironmentSpec, loading: Loading) -> FrameworkSpec:

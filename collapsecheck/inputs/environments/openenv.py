@@ -23,10 +23,12 @@ from collapsecheck.inputs.environments.chat import (
     OwnRandom,
     PlainSession,
 )
-from collapsecheck.inputs.environments.factories import EnvironmentSpec, load_factory
+from collapsecheck.inputs.environments.factories import EnvironmentSpec
 from collapsecheck.inputs.environments.framework import (
     FrameworkSpec,
     import_framework,
+    made_by,
+    named_factory,
     package_version,
     seed_note,
 )
@@ -184,7 +186,7 @@ def _played(spec: str, factory: EnvironmentSpec, env_type: type, timeout: float)
     core = import_framework("openenv.core", "openenv", spec)
     if not issubclass(env_type, core.Environment):
         raise CollapsecheckError(
-            f"--env {spec}: {factory.spec} makes a {env_type.__name__}, not an OpenEnv Environment"
+            f"--env {spec}: the factory makes a {env_type.__name__}, not an OpenEnv Environment"
         )
     action = action_shape(spec, core, env_type)
 
@@ -206,17 +208,14 @@ def load_openenv(name: str, loading: Loading) -> FrameworkSpec:
     spec = f"openenv:{name}"
     refuse_unused(spec, loading, ("--env-arg",), "--env-arg goes to the class's constructor")
     import_framework("openenv.core", "openenv", spec)
-    try:
-        factory, made = load_factory(name, loading.kwargs, loading.timeout)
-    except CollapsecheckError as err:  # said of the SPEC as given
-        raise CollapsecheckError(str(err).replace(f"--env {name}", f"--env {spec}", 1)) from None
+    factory, made = named_factory(spec, name, loading.kwargs, loading.timeout)
     return _played(spec, factory, _type_of(spec, made, loading.timeout), loading.timeout)
 
 
 def is_openenv(environment: Any) -> bool:
     """Whether an object is an OpenEnv Environment, by its classes' modules (OpenEnv is not
     imported to ask)."""
-    return any(c.__module__.startswith("openenv.") for c in type(environment).__mro__)
+    return made_by(environment, "openenv")
 
 
 def adopt_openenv(factory: EnvironmentSpec, loading: Loading) -> FrameworkSpec:

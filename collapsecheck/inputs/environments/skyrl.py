@@ -26,6 +26,7 @@ from collapsecheck.inputs.environments.chat import (
     Answer,
     Opening,
     PlainSession,
+    is_text_chat,
 )
 from collapsecheck.inputs.environments.factories import DEFAULT_TURNS, EnvironmentSpec
 from collapsecheck.inputs.environments.framework import (
@@ -63,14 +64,6 @@ class Row:
     extras: dict[str, Any]
 
 
-def is_chat(value: Any) -> bool:
-    """A list of messages with a string role and a string content each."""
-    return isinstance(value, list) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in value
-    )
-
-
 def read_table(spec: str, path: Path) -> list[dict[str, Any]]:
     """A dataset file's rows through Arrow, as SkyRL's `datasets` loader reads parquet and
     JSON lines (structs as dictionaries, keys a row lacks as None)."""
@@ -102,7 +95,7 @@ def dataset_rows(spec: str, loading: Loading) -> tuple[Path, tuple[Row, ...]]:
     for index, row in enumerate(read_table(spec, path)):
         where = f"{path}, row {index}"
         prompt = row.pop("prompt", None)
-        if not (is_chat(prompt) and prompt):
+        if not (is_text_chat(prompt) and prompt):
             raise CollapsecheckError(
                 f"--env {spec}: {where}: its 'prompt' is not a list of chat messages (a string "
                 "'role' and 'content' each), as SkyRL's dataset rows hold"
@@ -181,7 +174,7 @@ def step_output(answer: Any) -> tuple[Messages, float, bool, dict[str, Any], str
             "(observations, reward, done, metadata)"
         )
     observations, reward = answer.get("observations"), answer.get("reward")
-    if not is_chat(observations):
+    if not is_text_chat(observations):
         raise EnvironmentFault("step's observations are not a list of chat messages")
     if isinstance(reward, bool) or not isinstance(reward, int | float):
         raise EnvironmentFault(f"step's reward {reward!r} is not a number")
@@ -208,7 +201,7 @@ class SkyRLSession(PlainSession):
 
     def start(self) -> Opening:
         answer = self.env.init(copy.deepcopy(self.prompt))
-        if not (isinstance(answer, tuple) and len(answer) == 2 and is_chat(answer[0])):
+        if not (isinstance(answer, tuple) and len(answer) == 2 and is_text_chat(answer[0])):
             raise EnvironmentFault("init did not return (chat messages, metadata)")
         if not answer[0]:
             raise EnvironmentFault("init returned no messages")
@@ -265,7 +258,9 @@ def load_skyrl(name: str, loading: Loading) -> FrameworkSpec:
     spec = f"skyrl:{name}"
     refuse_unused(spec, loading, ("--env-arg", "--prompts"), TAKES)
     gym = import_framework("skyrl_gym", "skyrl", spec)
-    factory = claimed_factory(spec, name, loading, is_text_env, "SkyRL BaseTextEnv")
+    factory = claimed_factory(
+        spec, name, loading.kwargs, loading.timeout, is_text_env, "a SkyRL BaseTextEnv environment"
+    )
     if factory is not None:
         return adopt_skyrl(factory, loading)
     dataset = dataset_rows(spec, loading)

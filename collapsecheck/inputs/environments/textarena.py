@@ -26,6 +26,7 @@ from collapsecheck.inputs.environments.framework import (
     FrameworkSpec,
     claimed_factory,
     import_framework,
+    made_by,
     module_file,
     package_version,
     seed_note,
@@ -98,7 +99,9 @@ def load_textarena(game: str, loading: Loading) -> FrameworkSpec:
     spec = f"textarena:{game}"
     refuse_unused(spec, loading, ("--env-arg",), "--env-arg goes to ta.make")
     ta = import_framework("textarena", "textarena", spec)
-    factory = claimed_factory(spec, game, loading, recognises, "TextArena")
+    factory = claimed_factory(
+        spec, game, loading.kwargs, loading.timeout, recognises, "a TextArena environment"
+    )
     if factory is not None:
         return adopt(factory, loading)
     entry = ta.envs.registration.ENV_REGISTRY.get(game)
@@ -128,7 +131,7 @@ def played(
 
 def recognises(environment: Any) -> bool:
     """A TextArena game (wrapped or not): its classes are TextArena's or derive from them."""
-    return any(str(c.__module__).startswith("textarena.") for c in type(environment).__mro__)
+    return made_by(environment, "textarena")
 
 
 def adopt(factory: EnvironmentSpec, loading: Loading) -> FrameworkSpec:

@@ -29,11 +29,13 @@ from collapsecheck.inputs.environments.chat import (
     Opening,
     OwnRandom,
     PlainSession,
+    is_text_chat,
 )
-from collapsecheck.inputs.environments.factories import EnvironmentSpec, load_factory
+from collapsecheck.inputs.environments.factories import EnvironmentSpec
 from collapsecheck.inputs.environments.framework import (
     FrameworkSpec,
     import_framework,
+    named_factory,
     package_version,
     seed_note,
 )
@@ -104,19 +106,11 @@ def prompt_messages(row: dict[str, Any], where: str) -> Messages:
     prompt = row["prompt"]
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
-    if isinstance(prompt, list) and prompt and all(_text_message(m) for m in prompt):
+    if prompt and is_text_chat(prompt):
         return [dict(message) for message in prompt]
     raise CollapsecheckError(
         f"{where}: the 'prompt' column must be a string or a non-empty list of chat messages, "
         "each a string 'role' and a string 'content'"
-    )
-
-
-def _text_message(message: Any) -> bool:
-    return (
-        isinstance(message, dict)
-        and isinstance(message.get("role"), str)
-        and isinstance(message.get("content"), str)
     )
 
 
@@ -310,7 +304,7 @@ def load_trl(name: str, loading: Loading) -> FrameworkSpec:
         raise CollapsecheckError(f"--env {spec}: give the TRL dataset whose rows are the start "
                                  "states: --prompts DATA.jsonl or DATA.parquet")  # fmt: skip
     import_framework("trl", "trl", spec)  # lazy: its parser is imported last (seconds)
-    factory, probe = _class_of(name, spec, loading.timeout)
+    factory, probe = named_factory(spec, name, {}, loading.timeout)  # TRL's CLASS()
     if "reset" not in class_functions(probe):
         raise CollapsecheckError(f"--env {spec}: {type(probe).__name__} has no reset method "
                                  "(TRL needs one)")  # fmt: skip
@@ -329,16 +323,6 @@ def load_trl(name: str, loading: Loading) -> FrameworkSpec:
     noted = played.noting(seed_note(played, first))
     import_framework("trl.chat_template_utils", "trl", spec)
     return noted
-
-
-def _class_of(name: str, spec: str, timeout: float) -> tuple[EnvironmentSpec, Any]:
-    """The class as a factory of no arguments, and one instance it made (its errors said of
-    the `trl:` spec)."""
-    try:
-        factory, made = load_factory(name, {}, timeout)
-    except CollapsecheckError as err:
-        raise CollapsecheckError(str(err).replace(f"--env {name}", f"--env {spec}", 1)) from None
-    return dataclasses.replace(factory, spec=spec), made
 
 
 def _absolute(name: str, factory: EnvironmentSpec) -> str:

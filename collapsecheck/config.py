@@ -21,10 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.measures.early_answer import POST_HOC
-from collapsecheck.measures.episodes import LOOPING, STALLING
-from collapsecheck.measures.flow import ACTION_COLLAPSE, DECORATIVE, MIXED, FlowThresholds
-from collapsecheck.measures.verdict import COLLAPSES, REGIMES, Thresholds
+from collapsecheck.measures.regimes import (
+    ACTION_COLLAPSE,
+    COLLAPSES,
+    DECORATIVE,
+    LOOPING,
+    MIXED,
+    POST_HOC,
+    REGIMES,
+    STALLING,
+    FlowThresholds,
+    Thresholds,
+)
 from collapsecheck.settings import GROUPS, setting
 
 CONFIG_FILE = "collapsecheck.toml"

@@ -44,6 +44,9 @@ SAMPLES_VERSION = 2  # 2: tokens drawn by inverse CDF from uniforms drawn up fro
 
 AUTO = "auto"
 ALL = "all"
+# a bare --ray: what ray.init() does with no address (RAY_ADDRESS, else a cluster running on
+# this machine, else a new local one)
+RAY_DEFAULT = "default"
 SCAN, SCORE, COMPARE, WATCH = "scan", "score", "compare", "watch"
 SAMPLING_COMMANDS = (SCAN, COMPARE, WATCH)
 ENV_COMMANDS = (SCAN, WATCH, COMPARE)  # the commands that play checkpoints in an environment

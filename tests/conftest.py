@@ -134,11 +134,15 @@ def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("COLLAPSECHECK_CACHE", str(tmp_path_factory.mktemp("cache")))
 
 
-def run_collapsecheck(*args, code: str = "") -> subprocess.CompletedProcess:
+def run_collapsecheck(
+    *args, code: str = "", python: tuple[str, ...] = (), cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
     """The command line run in a fresh process, offline, from the repository's root (`code`:
-    Python run before it, e.g. to hide a package as a machine without it would)."""
+    Python run before it, e.g. to hide a package as a machine without it would; `python`:
+    the interpreter's own options, e.g. `-X importtime`; `cwd`: where it runs)."""
     run = f"{code}from collapsecheck.cli import main; main()"
     return subprocess.run(
-        [sys.executable, "-c", run, *map(str, args)], capture_output=True, text=True, timeout=600,
-        cwd=ROOT, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+        [sys.executable, *python, "-c", run, *map(str, args)], capture_output=True, text=True,
+        timeout=600, cwd=cwd,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "COLUMNS": "200"},
     )  # fmt: skip

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from collapsecheck.cli import app
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.runs.cost import unit_cost
-from collapsecheck.runs.executors import Shard, parse_shard, slurm_shard
+from collapsecheck.runs.shards import Shard, parse_shard, slurm_shard
 from tests.conftest import EXAMPLES, PROMPTS
 
 RUN = EXAMPLES / "demo-run"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from collapsecheck.cli import app
 from collapsecheck.config import GateSettings
 from collapsecheck.integrations.trl import CollapseCallback
-from collapsecheck.runs.units import VerdictThresholds
+from collapsecheck.measures.regimes import VerdictThresholds
 from collapsecheck.runs.watch import SampledFrom, Watch
 from collapsecheck.settings import Settings, WatchSettings
 from tests.conftest import EXAMPLES, PROMPTS

@@ -21,7 +21,7 @@ from collapsecheck.inputs.completeness import (
     VERL_TRACKER,
     Completeness,
 )
-from collapsecheck.runs.units import VerdictThresholds
+from collapsecheck.measures.regimes import VerdictThresholds
 from collapsecheck.runs.watch import SampledFrom, Watch
 from collapsecheck.settings import Settings, WatchSettings
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS, ROOT

@@ -147,7 +147,7 @@ def _terminated(signum: int, frame: Any) -> None:
 def bare_options(argv: Sequence[str]) -> list[str]:
     """`--ray` given with no value (last, or before another option) becomes `--ray=default`:
     typer's options either always or never take a value."""
-    from collapsecheck.runs.executors import RAY_DEFAULT
+    from collapsecheck.settings import RAY_DEFAULT
 
     return [
         f"--ray={RAY_DEFAULT}"

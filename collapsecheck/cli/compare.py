@@ -90,8 +90,9 @@ def compare(
     from collapsecheck.config import load_gate
     from collapsecheck.files import write_text_atomic
     from collapsecheck.reports.compare import compare_reports
-    from collapsecheck.reports.console import print_comparison, progress_bars
+    from collapsecheck.reports.console import print_comparison
     from collapsecheck.reports.outputs import check_outputs
+    from collapsecheck.reports.progress_display import progress_bars
     from collapsecheck.runs.cache import default_cache_root
     from collapsecheck.runs.join import read_against_start
 

@@ -117,7 +117,6 @@ def dashboards(
     """--tensorboard DIR|auto and --wandb RUN_PATH, each refused before any work where its
     package is missing, or where the target is one checkpoint (no run, no steps)."""
     from collapsecheck.inputs.discovery import find_checkpoints
-    from collapsecheck.runs.plan import cache_root
 
     if (tensorboard or wandb) and run_dir.exists() and find_checkpoints(run_dir)[0] is not None:
         raise CollapsecheckError(
@@ -131,12 +130,13 @@ def dashboards(
         out.append(TensorBoardWriter(None if tensorboard == AUTO else Path(tensorboard), run_dir))
     if wandb is not None:
         from collapsecheck.reports.weights_and_biases import WandbWriter
+        from collapsecheck.runs.plan import cache_root
 
         out.append(WandbWriter(wandb, cache_root(cache)))
     return out
 
 
 def verdict_thresholds(gate: Any) -> Any:
-    from collapsecheck.runs.units import VerdictThresholds
+    from collapsecheck.measures.regimes import VerdictThresholds
 
     return VerdictThresholds(gate.thresholds, gate.flow_thresholds)

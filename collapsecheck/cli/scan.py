@@ -66,8 +66,8 @@ def scan(
     verbose: Verbose = False,
 ) -> None:
     """Sample, cross-score and diagnose a checkpoint, or every checkpoint of a run directory."""
-    from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import write_prompt_outputs
+    from collapsecheck.reports.progress_display import progress_bars
     from collapsecheck.runs.request import ScanRequest, carry_out
 
     with user_errors():

@@ -55,12 +55,12 @@ def score(
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
     from collapsecheck.inputs.rollouts import RolloutOptions
-    from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import (
         check_keep_rollout_prompts,
         check_outputs,
         write_prompt_outputs,
     )
+    from collapsecheck.reports.progress_display import progress_bars
     from collapsecheck.runs.executors import run_here
     from collapsecheck.runs.plan import plan_rollout_file, read_rollouts_checked
 

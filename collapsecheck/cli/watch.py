@@ -64,8 +64,8 @@ def watch(
 ) -> None:
     """Follow a run that is still training: diagnose each checkpoint as soon as its trainer
     has written it whole, into the console, the results cache, --html and the dashboard."""
-    from collapsecheck.reports.console import progress_bars
     from collapsecheck.reports.outputs import check_outputs
+    from collapsecheck.reports.progress_display import progress_bars
     from collapsecheck.runs.watch import Watch
 
     with user_errors():

@@ -48,8 +48,49 @@ def check_tokenizers(
 
 @functools.lru_cache(maxsize=256)
 def _check_pair(baseline: Checkpoint, policy: Checkpoint, trust_remote_code: bool) -> None:
+    if same_tokenizer_files(Path(baseline.config_dir), Path(policy.config_dir)):
+        return
     theirs, ours = (_vocabulary(c, trust_remote_code) for c in (baseline, policy))
     check_same_tokenizer(baseline, theirs, policy, ours)
+
+
+# The files transformers' AutoTokenizer reads a tokenizer from.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+)  # fmt: skip
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# What transformers writes into tokenizer_config.json of how it loaded the tokenizer it saves
+# (a trainer's checkpoint has them, the model it started from may not): no vocabulary changes.
+LOAD_RECORD_KEYS = frozenset({"name_or_path", "is_local", "local_files_only", "_commit_hash"})
+
+
+def same_tokenizer_files(first: Path, second: Path) -> bool:
+    """Both directories hold the same tokenizer files, byte for byte, but for what
+    tokenizer_config.json records of how it was loaded (LOAD_RECORD_KEYS): the same
+    vocabulary, known without loading either tokenizer, so a cached rerun imports no model
+    library (docs/decisions.md, "Start-up"). Any other difference, even one that leaves the
+    vocabularies equal, is left to `check_same_tokenizer`."""
+    names = [n for n in TOKENIZER_FILES if (first / n).is_file() or (second / n).is_file()]
+    contents = [(_tokenizer_file(first / n), _tokenizer_file(second / n)) for n in names]
+    return bool(contents) and all(a is not None and a == b for a, b in contents)
+
+
+def _tokenizer_file(path: Path) -> object:
+    """A tokenizer file's content as compared: its bytes; tokenizer_config.json parsed,
+    without LOAD_RECORD_KEYS. None where the file is missing or unreadable."""
+    import json
+
+    try:
+        content = path.read_bytes()
+        if path.name != TOKENIZER_CONFIG:
+            return content
+        config = json.loads(content)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    return {k: v for k, v in config.items() if k not in LOAD_RECORD_KEYS}
 
 
 def check_weights_readable(checkpoint: Checkpoint) -> None:

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import logsumexp
 
 from collapsecheck.measures.metrics import (
     Estimate,
@@ -23,9 +22,8 @@ from collapsecheck.measures.metrics import (
     paired_bootstrap,
     point_value,
 )
+from collapsecheck.measures.regimes import INCONCLUSIVE, NOT_MEASURED, POST_HOC, REASONING_DECIDES
 
-POST_HOC, REASONING_DECIDES = "post_hoc", "reasoning_decides"
-INCONCLUSIVE, NOT_MEASURED = "inconclusive", "not_measured"
 EARLY_KEYS = ("early_answer_without_reasoning", "early_answer_aoc", "early_answer_decided_at")
 DECIDED_SHARE = 0.5  # decided at the first fraction whose agreement is half the whole's
 
@@ -100,6 +98,8 @@ def not_measured(reason: str) -> tuple[EarlyAnswer, dict[str, MetricValue]]:
 def _log_agreement(early: EarlyLogProbs, rows: np.ndarray) -> np.ndarray:
     """log a(f) for each weighting of the rows (B, M_A) -> (B, |F|), computed in log space
     so that long actions, whose exp(E) underflows, still give a curve."""
+    from scipy.special import logsumexp
+
     weighted = logsumexp(early.values[None, :, :], b=rows[:, :, None], axis=1)
     return weighted - np.log(rows.sum(axis=1, keepdims=True))
 

@@ -25,6 +25,13 @@ from collapsecheck.measures.metrics import (
     interval_bounds,
     interval_text,
 )
+from collapsecheck.measures.regimes import (
+    INCONCLUSIVE,
+    LOOPING,
+    NOT_MEASURED,
+    PROGRESSING,
+    STALLING,
+)
 
 EPISODE_KEYS = (
     "stall_rate",
@@ -34,9 +41,6 @@ EPISODE_KEYS = (
     "turns_per_episode",
     "distinct_action_sequences",
 )
-LOOPING, STALLING, PROGRESSING, INCONCLUSIVE = "looping", "stalling", "progressing", "inconclusive"
-NOT_MEASURED = "not_measured"
-READINGS = (LOOPING, STALLING, PROGRESSING, INCONCLUSIVE)
 
 
 def state_text(text: str) -> str:

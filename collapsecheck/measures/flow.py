@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
 from collapsecheck.measures.metrics import (
     Estimate,
@@ -28,10 +27,16 @@ from collapsecheck.measures.metrics import (
     matched_and_marginal,
     point_value,
 )
+from collapsecheck.measures.regimes import (
+    ACTION_COLLAPSE,
+    DECORATIVE,
+    FAITHFUL,
+    INCONCLUSIVE,
+    MIXED,
+    NOT_MEASURED,
+    FlowThresholds,
+)
 
-ACTION_COLLAPSE, FAITHFUL, DECORATIVE, MIXED = "action_collapse", "faithful", "decorative", "mixed"
-INCONCLUSIVE, NOT_MEASURED = "inconclusive", "not_measured"
-FLOW_REGIMES = (FAITHFUL, DECORATIVE, ACTION_COLLAPSE, MIXED, INCONCLUSIVE, NOT_MEASURED)
 FLOW_KEYS = (
     "action_input_mi",
     "action_reasoning_mi",
@@ -87,6 +92,8 @@ def _scored(matrix: np.ndarray) -> np.ndarray:
 def state_logprobs(flow: FlowLogProbs) -> np.ndarray:
     """log p(A_r | X_j) = log of the mean over prompt j's traces s of exp natural[r, s] (over
     the scored ones); NaN for a prompt none of whose traces was scored."""
+    from scipy.special import logsumexp
+
     m, n = flow.natural.shape[0], flow.num_prompts
     out = np.full((m, n), np.nan)
     scored = _scored(flow.natural)
@@ -230,22 +237,6 @@ def paired_flow_differences(
         key: Estimate(float(point[key] - base[key]), *finite_interval(boot_b[key] - boot_a[key]))
         for key in point
     }
-
-
-@dataclass(frozen=True)
-class FlowThresholds:
-    """Flow verdict thresholds (SPEC defaults; each a CLI option and a config value)."""
-
-    flow_collapsed: float = 0.3  # action_state_share at most this: action collapse
-    flow_faithful: float = 0.5  # action_reasoning_share at least this: faithful
-    flow_decorative_reasoning: float = 0.2  # action_reasoning_share at most this, and
-    flow_decorative_input: float = 0.5  # action_input_share at least this: decorative
-    # SPEC "Early answering": post hoc at or above this early_answer_without_reasoning
-    early_post_hoc: float = 0.8
-    # SPEC "Agents across turns": looping at or above this revisit_rate lower bound, stalling
-    # at or above this stall_rate lower bound
-    looping_line: float = 0.2
-    stalling_line: float = 0.3
 
 
 @dataclass(frozen=True)

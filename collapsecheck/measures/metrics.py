@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln
 
 RETRIEVAL_KS = (2, 4, 8)
 ZSCORE_EPS = 1e-3
@@ -205,6 +204,8 @@ def hit_probability(tied: np.ndarray, correct: np.ndarray, slots: np.ndarray) ->
     (when any is correct).
     This is SPEC's tie rule: for k = 1 it is correct / tied.
     """
+    from scipy.special import gammaln
+
     tied, correct, slots = np.broadcast_arrays(
         np.asarray(tied, float), np.asarray(correct, float), np.asarray(slots, float)
     )

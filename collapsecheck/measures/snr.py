@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from collapsecheck.measures.metrics import (
     Estimate,
@@ -140,6 +139,8 @@ def rv_mi_spearman(std: np.ndarray, own_mi: np.ndarray, resamples: int, seed: in
     usable = np.isfinite(own_mi)
 
     def rho(index: np.ndarray) -> float:
+        from scipy.stats import spearmanr
+
         x, y = std[index], own_mi[index]
         if np.ptp(x) == 0 or np.ptp(y) == 0:
             return math.nan

@@ -11,35 +11,20 @@ from dataclasses import asdict, dataclass
 
 from collapsecheck.formatting import format_traces
 from collapsecheck.measures.metrics import MetricValue, interval_bounds, point_value
-
-GROUNDED = "grounded"
-TEMPLATE_COLLAPSE = "template_collapse"
-LOW_ENTROPY_COLLAPSE = "low_entropy_collapse"
-INCONCLUSIVE = "inconclusive"
-REGIMES = (GROUNDED, TEMPLATE_COLLAPSE, LOW_ENTROPY_COLLAPSE, INCONCLUSIVE)
-COLLAPSES = (TEMPLATE_COLLAPSE, LOW_ENTROPY_COLLAPSE)
+from collapsecheck.measures.regimes import (
+    COLLAPSES,
+    GROUNDED,
+    INCONCLUSIVE,
+    LOW_ENTROPY_COLLAPSE,
+    TEMPLATE_COLLAPSE,
+    Thresholds,
+)
 
 DEPENDENCE_KEYS = ("retrieval_skill", "normalized_mi")
 ENTROPY_KEY = "conditional_entropy_est"  # H(Z|X) per token (SPEC "The verdict")
 # Matched below the marginal by more than this share of log N, beyond noise: the traces are
 # unlikely under this checkpoint and these contexts, which says nothing about collapse.
 MISMATCH_NMI = 0.05
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Verdict thresholds (SPEC defaults; every one is a CLI option and a config value)."""
-
-    dependence_high: float = 0.7
-    dependence_collapsed: float = 0.3
-    entropy_low: float = 0.05
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.dependence_collapsed <= self.dependence_high <= 1.0:
-            raise ValueError(
-                "thresholds need 0 <= dependence_collapsed <= dependence_high <= 1, got "
-                f"{self.dependence_collapsed} and {self.dependence_high}"
-            )
 
 
 @dataclass(frozen=True)

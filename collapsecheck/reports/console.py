@@ -1,22 +1,12 @@
-"""Report out, for a person at a terminal: progress bars, the metric table, the verdict line."""
+"""Report out, for a person at a terminal: the metric table, the verdict line (the progress
+bars beside the work are `progress_display`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 from rich.text import Text
 
@@ -34,7 +24,6 @@ from collapsecheck.measures.metrics import Estimate, MetricValue, interval_text,
 from collapsecheck.measures.per_prompt import most_collapsed
 from collapsecheck.measures.token_information import POSITION_PREFIX
 from collapsecheck.measures.verdict import GROUNDED, INCONCLUSIVE
-from collapsecheck.progress import ProgressHook, stoppable
 from collapsecheck.reports.compare import Comparison
 from collapsecheck.reports.fitted_table import Column, fitted_tables, table_of
 from collapsecheck.reports.report import FLOW_METRICS, KEY_METRICS, Report
@@ -44,56 +33,6 @@ REGIME_STYLES = {GROUNDED: "bold green", INCONCLUSIVE: "bold yellow"}
 COLLAPSE_STYLE = "bold red"
 EXAMPLE_CHARS = 400
 EXAMPLE_TITLE = 70
-
-
-LOG_STEPS = 4  # a progress line at every quarter of a stage, in a log
-
-
-@contextmanager
-def progress_bars(console: Console) -> Iterator[ProgressHook]:
-    """Progress of each pipeline stage: rich bars (with ETA) on a terminal, plain lines as the
-    work goes in a log (CI, a file), where a bar would only show at the end."""
-    if not console.is_terminal:
-        yield stoppable(progress_lines(console))
-        return
-    columns = (
-        TextColumn("[bold]{task.description:<22}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as bars:
-        tasks: dict[str, TaskID] = {}
-
-        def start(stage: str, total: int) -> Callable[[int], None]:
-            if stage in tasks:
-                bars.reset(tasks[stage], total=total)
-            else:
-                tasks[stage] = bars.add_task(stage, total=total)
-            task = tasks[stage]
-            return lambda n: bars.advance(task, n)
-
-        yield stoppable(start)
-
-
-def progress_lines(console: Console) -> ProgressHook:
-    """A ProgressHook printing "stage: done/total" lines at the start, each quarter, the end."""
-
-    def start(stage: str, total: int) -> Callable[[int], None]:
-        console.print(f"{stage}: 0/{total}", highlight=False)
-        done = [0]
-        marks = {round(total * i / LOG_STEPS) for i in range(1, LOG_STEPS + 1)}
-
-        def advance(n: int) -> None:
-            before, done[0] = done[0], done[0] + n
-            if any(before < mark <= done[0] for mark in marks):
-                console.print(f"{stage}: {done[0]}/{total}", highlight=False)
-
-        return advance
-
-    return start
 
 
 def _format(x: float) -> str:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import logsumexp
 
 # Above this many rows a heatmap shows each prompt's rows averaged (one row per prompt).
 MAX_ROWS = 512
@@ -44,6 +43,8 @@ def centered(values: np.ndarray, scored: np.ndarray) -> np.ndarray:
     """Each row minus its log-mean-exp over its scored cells: how much more likely the row
     is under that column than under the batch's mixture (SPEC "The cross log-probability
     matrix"); NaN where not scored. A grounded policy shows a bright diagonal of blocks."""
+    from scipy.special import logsumexp
+
     masked = np.where(scored, values, -np.inf)
     count = np.maximum(scored.sum(axis=1, keepdims=True), 1)
     center = logsumexp(masked, axis=1, keepdims=True) - np.log(count)

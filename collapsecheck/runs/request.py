@@ -9,29 +9,23 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.inputs.baseline import require_baseline
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint, find_checkpoints
+from collapsecheck.measures.regimes import VerdictThresholds
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.outputs import check_keep_rollout_prompts, check_outputs, option_name
-from collapsecheck.reports.report import Report
-from collapsecheck.reports.run_report import RunReport
-from collapsecheck.runs.executors import (
-    Shard,
-    connect_ray,
-    resolve_shard,
-    run_here,
-    run_on_ray,
-    share_of,
-)
-from collapsecheck.runs.join import RunContext, join, read_against_start
-from collapsecheck.runs.pairing import RunRollouts, find_run_rollouts
-from collapsecheck.runs.plan import ScanPlan, plan_played, plan_run_rollouts, plan_sampled
-from collapsecheck.runs.run import run_context, single_row, start_of
-from collapsecheck.runs.units import PlayedTraces, VerdictThresholds
+from collapsecheck.runs.shards import Shard, resolve_shard, share_of
 from collapsecheck.settings import EnvSettings, OutputSettings, Settings
+
+if TYPE_CHECKING:
+    from collapsecheck.reports.report import Report
+    from collapsecheck.reports.run_report import RunReport
+    from collapsecheck.runs.join import RunContext
+    from collapsecheck.runs.pairing import RunRollouts
+    from collapsecheck.runs.plan import ScanPlan
 
 Say = Callable[[str], None]  # a line for the user (stderr), never part of the results
 
@@ -74,7 +68,9 @@ class Planned:
 
 
 def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
-    """Everything checked and read that can be before any model loads, into one plan."""
+    """Everything checked and read that can be before any model loads, into one plan. The
+    target, the options that go with it and every output path are checked first, before the
+    planning imports an array, model or framework library (docs/decisions.md, "Start-up")."""
     notes: list[str] = []
     single, run = find_checkpoints(request.target, request.settings.load.base_model, notes)
     if not run:
@@ -82,9 +78,11 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
             say(f"note: {note}")
     check_combinations(request, bool(run))
     shard = requested_shard(request, bool(run))
+    found = None if request.env.env is not None else run_rollouts_of(request, bool(run))
+    if request.env.env is not None or found is not None:
+        check_outputs(request.outputs)
     if request.env.env is not None:
         return replace(plan_env(request, single, run, notes, say), shard=shard)
-    found = run_rollouts_of(request, bool(run))
     if found is not None:
         return replace(plan_from_rollouts(request, found, run, notes, say), shard=shard)
     if request.prompts is None:
@@ -93,6 +91,9 @@ def plan_request(request: ScanRequest, say: Say = lambda line: None) -> Planned:
     outputs, settings = request.outputs, request.settings
     if not run:
         return Planned(plan_single(request, single), None, request.prompts, shard)
+    from collapsecheck.runs.plan import plan_sampled
+    from collapsecheck.runs.run import start_of
+
     rows, context = request_run(request, run, notes)
     plan = plan_sampled(
         rows, request.prompts, settings, cache=outputs.out, rescan=request.rescan,
@@ -107,6 +108,10 @@ def plan_env(
 ) -> Planned:  # fmt: skip
     """A checkpoint (or every one of a run) played in the environment `--env` names, loaded
     and checked now (SPEC "Agents across turns")."""
+    from collapsecheck.runs.plan import plan_played
+    from collapsecheck.runs.run import single_row
+    from collapsecheck.runs.units import PlayedTraces
+
     loaded = PlayedTraces.load(request.env, {
         "--prompts": request.prompts, "--rollouts": request.rollouts,
         "--baseline": request.baseline, "--reward-fn": request.settings.rewards.reward_fn,
@@ -115,7 +120,6 @@ def plan_env(
     played, settings = loaded.resolved(request.settings)
     for note in played.notes():
         say(f"note: {note}")
-    check_outputs(request.outputs)
     outputs = request.outputs
     if not run:
         plan = plan_played(
@@ -132,6 +136,10 @@ def plan_single(request: ScanRequest, checkpoint: Checkpoint) -> ScanPlan:
     """One checkpoint; with --baseline, after the baseline's own scan (through the results
     cache), which its reasoning scored under the baseline is read against (SPEC "Scored
     under the start")."""
+    from collapsecheck.inputs.baseline import require_baseline
+    from collapsecheck.runs.plan import plan_sampled
+    from collapsecheck.runs.run import single_row
+
     outputs, settings, prompts = request.outputs, request.settings, request.prompts
     prior = None
     if request.baseline is not None:
@@ -154,6 +162,8 @@ def request_run(
     request: ScanRequest, run: list[RunCheckpoint], notes: list[str]
 ) -> tuple[list[RunCheckpoint], RunContext]:
     """The run's rows (after the baseline) and what its report holds beside them."""
+    from collapsecheck.runs.run import run_context
+
     return run_context(
         request.target, request.settings, run, notes, request.training_log,
         request.train_keys, request.baseline,
@@ -165,7 +175,8 @@ def plan_from_rollouts(
     say: Say,
 ) -> Planned:  # fmt: skip
     """A run scored from its trainer's rollouts; --keep-prompts keeps from its last step."""
-    check_outputs(request.outputs)
+    from collapsecheck.runs.plan import plan_run_rollouts
+
     rows, context = request_run(request, run, notes)
     plan = plan_run_rollouts(
         found, rows, request.settings, cache=request.outputs.out,
@@ -210,6 +221,8 @@ def run_rollouts_of(request: ScanRequest, is_run: bool) -> RunRollouts | None:
         )
     if request.sample or not is_run:
         return None
+    from collapsecheck.runs.pairing import find_run_rollouts
+
     return find_run_rollouts(request.target, request.rollouts)
 
 
@@ -254,6 +267,8 @@ class Outcome:
     @property
     def last_report(self) -> Report | None:
         """The report --per-prompt and --keep-prompts read: a run's last step's."""
+        from collapsecheck.reports.run_report import RunReport
+
         if isinstance(self.report, RunReport):
             return self.report.steps[-1].report
         return self.report
@@ -265,6 +280,9 @@ def carry_out(
     """Plan the request, then run it where the user said; `say` gets the lines a user reads
     on stderr (the plan, a shard's share, the Ray cluster joined)."""
     planned = plan_request(request, say)
+    from collapsecheck.runs.executors import connect_ray, run_here, run_on_ray
+    from collapsecheck.runs.join import join, read_against_start
+
     shard, plan = planned.shard, planned.plan
     if shard is not None:
         plan = share_of(plan, shard)

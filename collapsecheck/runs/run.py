@@ -15,6 +15,7 @@ from collapsecheck.inputs.checkpoint import Checkpoint, require_checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint, require_run
 from collapsecheck.inputs.training_logs import TrainingLog, find_log, read_log
 from collapsecheck.measures.flow import FlowThresholds
+from collapsecheck.measures.regimes import VerdictThresholds
 from collapsecheck.measures.verdict import Thresholds
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.report import Report
@@ -23,7 +24,7 @@ from collapsecheck.runs.executors import run_here
 from collapsecheck.runs.join import RunContext, join
 from collapsecheck.runs.pairing import RunRollouts, run_rollouts
 from collapsecheck.runs.plan import plan_played, plan_run_rollouts, plan_sampled
-from collapsecheck.runs.units import PROMPTS, PlayedTraces, VerdictThresholds
+from collapsecheck.runs.units import PROMPTS, PlayedTraces
 from collapsecheck.settings import EnvSettings, Settings, resolve_settings
 
 

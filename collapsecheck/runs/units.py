@@ -26,8 +26,9 @@ from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions
 from collapsecheck.inputs.sampled_temperature import SampledTemperature
 from collapsecheck.measures.episodes import NOT_MEASURED as EPISODES_NOT_MEASURED
 from collapsecheck.measures.episodes import read_episodes
-from collapsecheck.measures.flow import NOT_MEASURED, FlowThresholds, decide_flow
-from collapsecheck.measures.verdict import Thresholds, decide
+from collapsecheck.measures.flow import NOT_MEASURED, decide_flow
+from collapsecheck.measures.regimes import VerdictThresholds
+from collapsecheck.measures.verdict import decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import REPORT_FILE
 from collapsecheck.reports.report import Report
@@ -149,19 +150,6 @@ class PlayedTraces:
 
 Traces = SampledTraces | RolloutTraces | PlayedTraces
 PROMPTS = "--prompts"  # a dataset whose rows are a framework's start states (SkyRL's, TRL's)
-
-
-@dataclass(frozen=True)
-class VerdictThresholds:
-    """The thresholds the verdicts are decided with: never part of a cache key, since a
-    cached report's verdicts are decided again from its metrics."""
-
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    flow: FlowThresholds = field(default_factory=FlowThresholds)
-
-    @classmethod
-    def of(cls, thresholds: Thresholds | None, flow: FlowThresholds | None) -> VerdictThresholds:
-        return cls(thresholds or Thresholds(), flow or FlowThresholds())
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,2 @@
-"""Model backends: each implements `collapsecheck.engines.backends.base.Backend`."""
-
-from collapsecheck.engines.backends.base import Backend, Sample, SamplingParams, ScoreRequest
-
-__all__ = ["Backend", "Sample", "SamplingParams", "ScoreRequest"]
+"""Model backends: each implements `collapsecheck.engines.backends.base.Backend`; the registry
+(`registry`) names them and imports a backend's module only when it is used."""

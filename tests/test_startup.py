@@ -11,11 +11,12 @@ import pytest
 import collapsecheck
 from collapsecheck.inputs.baseline import LOAD_RECORD_KEYS, same_tokenizer_files
 from collapsecheck.inputs.formats.huggingface import TEXT_READ_FAMILIES
-from tests.conftest import EXAMPLES, HEALTHY, PROMPTS, run_collapsecheck
+from tests.conftest import COLLAPSED, EXAMPLES, HEALTHY, PROMPTS, run_collapsecheck
 from tests.test_headline import SHIPPED, headline_command
 
 MODEL_LIBRARIES = {"torch", "transformers", "vllm"}
 HEAVY = MODEL_LIBRARIES | {"scipy"}
+ROLLOUTS = EXAMPLES / "rollouts" / "gridworld.jsonl"
 
 
 def imported(trace: str) -> set[str]:
@@ -68,13 +69,16 @@ def argument_and_output_errors(tmp_path):
         (["scan", HEALTHY, "-n", "-3"], "--num-prompts must be at least 2"),
         ([*scan, "--backend", "nope"], "--backend must be one of"),
         ([*scan, "--fail-on", "nope"], "--fail-on: unknown regime nope"),
-        ([*scan, "--json", a_file / "r.json"], "--json"),
+        ([*scan, "--json", a_file / "r.json"], f"cannot write there ({a_file} is a file)"),
         ([*scan, "--html", a_file / "page.html"], "--html"),
         ([*scan, "--out", a_file / "cache"], "--out"),
         (["scan", tmp_path / "no-checkpoint", "-p", PROMPTS], "checkpoint not found"),
         (["scan", HEALTHY], "--prompts FILE is needed"),
         (["scan", EXAMPLES / "demo-run", "-p", PROMPTS, "--plot", a_file / "p.png"], "--plot"),
         (["scan", HEALTHY, "--env", "frozenlake", "--json", a_file / "r.json"], "--json"),
+        (["score", ROLLOUTS, "--checkpoint", HEALTHY, "--json", a_file / "r.json"], "--json"),
+        (["compare", HEALTHY, COLLAPSED, "-p", PROMPTS, "--json", a_file / "r.json"], "--json"),
+        (["watch", EXAMPLES / "demo-run", "-p", PROMPTS, "--json", a_file / "r.json"], "--json"),
     ]
 
 

@@ -89,17 +89,18 @@ def compare(
     by pair."""
     from collapsecheck.config import load_gate
     from collapsecheck.files import write_text_atomic
-    from collapsecheck.reports.compare import compare_reports
-    from collapsecheck.reports.console import print_comparison
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.reports.progress_display import progress_bars
-    from collapsecheck.runs.cache import default_cache_root
-    from collapsecheck.runs.join import read_against_start
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = load_gate(config, max_drop=max_drop)
-        check_outputs(outputs)
+        check_outputs(outputs)  # before the work's imports (docs/decisions.md, "Start-up")
+        from collapsecheck.reports.compare import compare_reports
+        from collapsecheck.reports.console import print_comparison
+        from collapsecheck.runs.cache import default_cache_root
+        from collapsecheck.runs.join import read_against_start
+
         cache = outputs.out or default_cache_root()
         with progress_bars(stderr) as progress:
             first, second = both_reports(

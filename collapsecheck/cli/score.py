@@ -54,20 +54,21 @@ def score(
     verbose: Verbose = False,
 ) -> None:
     """Diagnose traces that training already sampled: cross-scoring only, no generation."""
-    from collapsecheck.inputs.rollouts import RolloutOptions
     from collapsecheck.reports.outputs import (
         check_keep_rollout_prompts,
         check_outputs,
         write_prompt_outputs,
     )
     from collapsecheck.reports.progress_display import progress_bars
-    from collapsecheck.runs.executors import run_here
-    from collapsecheck.runs.plan import plan_rollout_file, read_rollouts_checked
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = gate_settings.load()
-        check_outputs(outputs)
+        check_outputs(outputs)  # before the work's imports (docs/decisions.md, "Start-up")
+        from collapsecheck.inputs.rollouts import RolloutOptions
+        from collapsecheck.runs.executors import run_here
+        from collapsecheck.runs.plan import plan_rollout_file, read_rollouts_checked
+
         options = RolloutOptions(
             rendering.prompt_field, response_field, response_ids_field, group_field,
             turn_sampling, pairs, analysis.seed, rewards.reward_field, scoring.state_regex,

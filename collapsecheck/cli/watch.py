@@ -66,11 +66,12 @@ def watch(
     has written it whole, into the console, the results cache, --html and the dashboard."""
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.reports.progress_display import progress_bars
-    from collapsecheck.runs.watch import Watch
 
     with user_errors():
         gate = gate_settings.load()
-        check_outputs(outputs)
+        check_outputs(outputs)  # before the work's imports (docs/decisions.md, "Start-up")
+        from collapsecheck.runs.watch import Watch
+
         settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
         traces, settings = watched_traces(
             run_dir, settings, env_settings, prompts, rollouts, baseline

@@ -48,8 +48,10 @@ def environment(source: Path) -> dict[str, str]:
 
 
 def timed(command: list[str], env: dict[str, str], expect: int) -> float:
+    """One run, in the source tree it times (`python -c` imports the working directory's
+    package before PYTHONPATH's)."""
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, cwd=env["PYTHONPATH"], capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if done.returncode != expect:
         raise SystemExit(f"{' '.join(command)} exited {done.returncode}: {done.stderr[-500:]}")

@@ -216,15 +216,39 @@ def test_branches_ride_in_their_stems_pass_and_are_exact(random_checkpoint):
     second pass), and each value equals a plain forward pass over the whole sequence."""
     scores, expected, shapes = scored_in_passes(random_checkpoint, branching_requests())
     assert np.abs(scores - expected).max() < TOLERANCE
-    # per context: its prefill, then one pass per stem row (lengths 14 and 2 do not batch
-    # together). The 9-token stem's row is 24 wide: stem + mid + common action (14), then
-    # its other branches, each once: the other action after the mid (2), the longer one (5),
-    # the one leaving inside the mid (1 + 2), the one scored from inside the mid (1 + 2) and
-    # the one going on after the row's end (2); each branch less its last token, scored but
-    # never run (nothing reads its logits), and the row keeps its last token only because
-    # that branch reads it. The one-token stem's row: its token and the action it carries on
-    # into, less its last (3 - 1)
-    assert shapes == [(1, 6), (1, 24), (1, 2), (1, 11), (1, 24), (1, 2)]
+    # per context: its prefill, then one pass per stem row, the plain rows' first, apart from
+    # the branched ones (which run with a mask of their own). The 9-token stem's row is 24
+    # wide: stem + mid + common action (14), then its other branches, each once: the other
+    # action after the mid (2), the longer one (5), the one leaving inside the mid (1 + 2),
+    # the one scored from inside the mid (1 + 2) and the one going on after the row's end
+    # (2); each branch less its last token, scored but never run (nothing reads its logits),
+    # and the row keeps its last token only because that branch reads it. The one-token
+    # stem's row: its token and the action it carries on into, less its last (3 - 1)
+    assert shapes == [(1, 6), (1, 2), (1, 24), (1, 11), (1, 2), (1, 24)]
+
+
+def test_plain_rows_run_apart_from_branched_ones(random_checkpoint):
+    """A context's plain rows (a stem and the action it carries on into) run in batches of
+    their own, causal with no mask, however close their width is to a branched row's: they
+    neither pad to its width nor take its mask (issue 73). The values stay exact."""
+    rng = np.random.default_rng(4)
+
+    def ids(n):
+        return tuple(rng.integers(5, 50, size=n).tolist())
+
+    context, mid = ids(6), (3, 4)
+    requests = []
+    for branched in (True, False, False):
+        stem, action = ids(12), ids(2)
+        requests += [ScoreRequest(context, stem, 1), ScoreRequest(context, stem + mid + action,
+                                                                  14, 12)]  # fmt: skip
+        if branched:  # another action after the same stem: a branch appended to its row
+            requests.append(ScoreRequest(context, stem + mid + ids(2), 14, 12))
+    scores, expected, shapes = scored_in_passes(random_checkpoint, requests)
+    assert np.abs(scores - expected).max() < TOLERANCE
+    # the prefill; the two plain rows (15 of their 16 tokens run: the last predicts nothing);
+    # the branched row: its 15 and the other action's first token (in one batch before this)
+    assert shapes == [(1, 6), (2, 15), (1, 16)]
 
 
 def cut_reasoning_requests():

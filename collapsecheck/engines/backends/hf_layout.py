@@ -71,6 +71,12 @@ class StemRow:
     requests: list[int]
     spans: list[tuple[int, int]]
 
+    @property
+    def branched(self) -> bool:
+        """Whether a branch is appended to the row: its pass needs a mask of its own, where a
+        plain row runs causal on the context."""
+        return any(b >= 0 for b in self.branch)
+
     @classmethod
     def of(
         cls, stem: tuple[int, ...], requests: Sequence[ScoreRequest], members: Sequence[int]
@@ -170,7 +176,7 @@ class RowLayout:
             padded("position", 0, inputs), padded("row_seen", 0, inputs),
             padded("targets", 0, targets), on_device(predictor, device),
             cells_on_device(predictor >= 0, device),
-            any(b >= 0 for s in sequences for b in s.branch), requests, spans,
+            any(s.branched for s in sequences), requests, spans,
         )  # fmt: skip
 
     def allowed(self, context_length: int) -> torch.Tensor:

@@ -415,8 +415,10 @@ class TransformersScoring:
                 cache, first_logits, sequences, out, self.position_offset(context), temperature
             )
             score = functools.partial(self._score_stems, group)
-            widths = [len(sequence.ids) for sequence in sequences]
-            self._score_batches(range(len(sequences)), widths, score, progress)
+            for kind in (False, True):  # plain rows apart: no mask, no branched row's width
+                members = [i for i, s in enumerate(sequences) if s.branched == kind]
+                widths = [len(sequences[i].ids) for i in members]
+                self._score_batches(members, widths, score, progress)
 
     def _score_stems(self, group: _StemGroup, batch: Sequence[int]) -> int:
         """Run the sequences `group.sequences[batch]` (each stem carried on into its common

@@ -14,12 +14,13 @@ Shapes (random weights, random tokens; nothing downloaded):
   chat prompts of 72 tokens (a 12-token system prompt shared), reasoning of 110 tokens, the mid
   and a one-letter answer with its closing tag (2 tokens), 4 distinct answers.
 
-Each is scored three ways: X->Z alone (what `--no-flow` scores), X->Z with the flow's three
-action matrices, and with early answering's cut reasoning too (the defaults); the last against
-the first is what the flow adds (target: at most 35%). Where the time goes: the requests of each
-matrix and the tokens they score; the rows run (a stem with its branches) in plain batches
-(causal on the context, no mask) and in branched ones (a mask of their own), the tokens those
-rows run padded, and the seconds each kind took; the rest of a call is its contexts' prefill.
+Each is scored three ways, alternating, `--rounds` times (the median kept): X->Z alone (what
+`--no-flow` scores), X->Z with the flow's three action matrices, and with early answering's cut
+reasoning too (the defaults); the last against the first is what the flow adds (target: at most
+35%). Where the time goes: the requests of each matrix and the tokens they score; the rows run
+(a stem with its branches) in plain batches (causal on the context, no mask) and in branched
+ones (a mask of their own), the tokens those rows run padded, and the seconds each kind took;
+the rest of a call is its contexts' prefill.
 """
 
 from __future__ import annotations
@@ -186,20 +187,25 @@ def matrix_requests(prompts: list, traces: list, flow: bool, early: bool) -> dic
     return {name: len(cells) for name, cells in plan.cells.items()}
 
 
-def measure(shape: Shape) -> list[dict]:
+def measure(shape: Shape, rounds: int) -> list[dict]:
+    """Each variant's median run of `rounds`, the variants alternating within each round (the
+    machine's drift shared by all)."""
     backend = build_backend(shape)
     rows = []
     for distinct in shape.distinct:
         prompts, traces = build_traces(shape, distinct)
         scored(backend, prompts[:2], [t for t in traces if t.prompt_index < 2], True, True)  # warm
+        runs: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
+        for _ in range(rounds):
+            for variant, (flow, early) in VARIANTS.items():
+                runs[variant].append(scored(backend, prompts, traces, flow, early))
+                print(f"{shape.name}, {describe_actions(distinct)}: {variant}: "
+                      f"{runs[variant][-1]['s']:.1f} s", flush=True)  # fmt: skip
         for variant, (flow, early) in VARIANTS.items():
-            row = scored(backend, prompts, traces, flow, early)
+            row = sorted(runs[variant], key=lambda r: r["s"])[len(runs[variant]) // 2]
             row |= {"variant": variant, "distinct": distinct,
                     "requests": matrix_requests(prompts, traces, flow, early)}  # fmt: skip
             rows.append(row)
-            print(f"{shape.name}, {describe_actions(distinct)}: {variant}: {row['s']:.1f} s "
-                  f"(plain {row.get('plain s', 0):.1f} s, branched {row.get('branched s', 0):.1f}"
-                  f" s, prefill {row['prefill s']:.1f} s)", flush=True)  # fmt: skip
     return rows
 
 
@@ -207,16 +213,21 @@ def describe_actions(distinct: int | None) -> str:
     return "every action different" if distinct is None else f"{distinct} distinct actions"
 
 
-def section(results: dict[str, list[dict]]) -> str:
+def runs_phrase(rounds: int) -> str:
+    return "one run of each" if rounds == 1 else f"the median of {rounds} runs of each"
+
+
+def section(results: dict[str, list[dict]], rounds: int) -> str:
     lines = [
         HEADING,
         "",
         f"`python bench/bench_flow.py` ({datetime.date.today().isoformat()}, {machine('cpu')}, "
         "float32, `--negatives auto`, each reasoning token's log-probability read, as a scan "
-        "does). Target: the flow, early answering included, adds at most 35% to the scoring "
-        "of X->Z alone. Shapes: `bench` (21.7M-parameter Qwen2 shape, N 16 x K 8, prompt 512 / "
-        "reasoning 128 / mid 2 / action 8 tokens) and `grid` (a tiny GPT-2 shape, N 64 x K 8, "
-        "prompt 72 / reasoning 110 / mid 2 / a one-letter answer and its tag, 2 tokens).",
+        f"does; {runs_phrase(rounds)}, the three alternating). Target: the flow, "
+        "early answering included, adds at most 35% to the scoring of X->Z alone. Shapes: "
+        "`bench` (21.7M-parameter Qwen2 shape, N 16 x K 8, prompt 512 / reasoning 128 / mid 2 "
+        "/ action 8 tokens) and `grid` (a tiny GPT-2 shape, N 64 x K 8, prompt 72 / reasoning "
+        "110 / mid 2 / a one-letter answer and its tag, 2 tokens).",
         "",
         "| shape | actions | scoring | s | adds | requests per matrix | tokens scored | plain "
         "rows: tokens run, s | branched rows: tokens run, s | prefill s |",
@@ -242,11 +253,12 @@ def section(results: dict[str, list[dict]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=[*SHAPES, "all"], default="all")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each variant (median)")
     parser.add_argument("--write", action="store_true", help=f"write the section of {DOCS}")
     args = parser.parse_args()
     names = list(SHAPES) if args.shape == "all" else [args.shape]
-    results = {name: measure(SHAPES[name]) for name in names}
-    text = section(results)
+    results = {name: measure(SHAPES[name], args.rounds) for name in names}
+    text = section(results, args.rounds)
     print(text)
     if args.write:
         DOCS.write_text(replace_section(DOCS.read_text(), HEADING, text))

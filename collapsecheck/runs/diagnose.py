@@ -31,7 +31,7 @@ from collapsecheck.engines.reasoning import (
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.files import locked
 from collapsecheck.inputs.checkpoint import Checkpoint
-from collapsecheck.inputs.environments import EnvironmentSource
+from collapsecheck.inputs.environments import DrivenSource, EnvironmentSource
 from collapsecheck.inputs.episodes import Episode
 from collapsecheck.inputs.prompts import (
     file_sha256,
@@ -72,6 +72,8 @@ from collapsecheck.reports.dump import (
     write_token_information,
 )
 from collapsecheck.reports.report import Report
+from collapsecheck.runs.driven import play_driven
+from collapsecheck.runs.episodes import Played
 from collapsecheck.runs.episodes import play as play_episodes
 from collapsecheck.runs.explanation import Rewards, explain, no_rewards, reward_function
 from collapsecheck.runs.loading import (
@@ -462,7 +464,7 @@ def score(
 
 def play(
     checkpoint: str | Path | Checkpoint,
-    environment: EnvironmentSource,
+    environment: EnvironmentSource | DrivenSource,
     settings: Settings | None = None,
     *,
     env: EnvSettings | None = None,
@@ -491,9 +493,11 @@ def play(
     source = f"--env {environment.spec}"
     with open_backend(checkpoint, loaded, settings) as model:
         loaded_at = time.perf_counter()
-        played = play_episodes(model, environment, env, params, settings, progress)
+        played = played_in(model, environment, env, params, settings, progress, name)
+        params = dataclasses.replace(params, temperature=played.temperature or params.temperature)
         digest = environment.code_sha256
-        data = played.sampled({"env": played_settings(env, digest, sources, environment.notes)})
+        notes = (*environment.notes, *played.notes)
+        data = played.sampled({"env": played_settings(env, digest, sources, notes)})
         prepared, data = prepare_sampled(data, model, settings, source)
         with holding(dump) as dump_dir:
             recorded = {
@@ -514,15 +518,30 @@ def play(
             }
             diagnosis = Diagnosis(
                 settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
-                recorded, timing, dump_dir, progress, sampling_warnings(params),
-                lambda prompts, traces: data.rewards, ENVIRONMENT_REWARDS,
+                recorded, timing, dump_dir, progress,
+                (*sampling_warnings(params), *played.notes), lambda prompts, traces: data.rewards,
+                ENVIRONMENT_REWARDS if data.rewards is not None else HARNESS_KEEPS_REWARDS,
                 scoring_temperature(params.temperature), turns=data.turns,
                 episodes=data.episodes,
             )  # fmt: skip
             return diagnose(model, prepared, data.samples, diagnosis)
 
 
+def played_in(
+    model: Backend, environment: EnvironmentSource | DrivenSource, env: EnvSettings,
+    params: SamplingParams, settings: Settings, progress: ProgressHook, name: str,
+) -> Played:  # fmt: skip
+    """The episodes: played turn by turn, or by a harness driving the model itself."""
+    if hasattr(environment, "drive"):
+        return play_driven(model, environment, env, settings, name)
+    return play_episodes(model, environment, env, params, settings, progress)
+
+
 ENVIRONMENT_REWARDS = "the environment, each turn the total of its episode"
+HARNESS_KEEPS_REWARDS = (
+    "no rewards: the harness keeps its rewards (a command: harness sends collapsecheck only its "
+    "requests)"
+)
 
 
 def played_settings(

@@ -50,14 +50,17 @@ class Played:
     rendered: list[RenderedPrompt]
     samples: list[Sample]
     turn_numbers: list[int]
-    rewards: list[float]
+    rewards: list[float] | None  # None: no turn has a reward (a harness that gives none)
+    temperature: float | None = None  # the replies' where a harness asked another (`driven`)
+    notes: tuple[str, ...] = ()  # what playing noticed (a harness's refused requests, say)
 
     def sampled(self, settings: dict[str, object]) -> SampledPrompts:
         """Each turn one prompt with its one response (identical contexts are merged later,
         as everywhere); its reward the episode's total, as RAGEN's trajectories carry."""
+        rewards = None if self.rewards is None else [[r] for r in self.rewards]
         return SampledPrompts(
             list(self.prompts), list(self.rendered), [[s] for s in self.samples], settings,
-            [[r] for r in self.rewards], [[t] for t in self.turn_numbers], list(self.episodes),
+            rewards, [[t] for t in self.turn_numbers], list(self.episodes),
         )  # fmt: skip
 
 

@@ -90,8 +90,8 @@ def explain(
         [prompt_summary(p) for p in prepared.prompts], counts.responses, counts.valid,
         counts.distinct_reasoning, rows, measured, per_reward,
     )  # fmt: skip
-    if per_reward is None:
-        return Why(None, NO_REWARDS, table)
+    if per_reward is None:  # a source that has none says why in its place
+        return Why(None, reward_source or NO_REWARDS, table)
     analysis = settings.analysis
     snr = snr_section(
         per_reward, rows, distinct_behaviour(traces, n),

@@ -133,10 +133,16 @@ def played_line(
     if not costs:
         return "plan: no checkpoints in this share"
     cost, env = costs[0], played.env
-    assert cost is not None  # a played unit's bound is known from its settings
+    cached_said = f" ({cached} cached)" if cached else ""
+    if cost is None:
+        return (
+            f"plan: {plural(checkpoints, 'checkpoint')}{cached_said} played by the harness of "
+            f"--env {played.environment.spec}: its episodes, turns and tokens are the harness's "
+            "to decide (not known before it runs)"
+        )
     starts = settings.sampling.num_prompts or DEFAULT_STARTS
     return (
-        f"plan: {plural(checkpoints, 'checkpoint')}{f' ({cached} cached)' if cached else ''} "
+        f"plan: {plural(checkpoints, 'checkpoint')}{cached_said} "
         f"played in --env {played.environment.spec}: {plural(starts, 'start state')} x "
         f"{settings.sampling.samples} episodes, up to {plural(env.max_turns or 1, 'turn')} each, "
         "at most "
@@ -209,10 +215,11 @@ def plan_played(
 ) -> ScanPlan:  # fmt: skip
     """Checkpoints played in an environment (SPEC "Agents across turns"), through the results
     cache when `cached`, else one checkpoint writing its dump to `dump`. Its cost is a bound:
-    every episode to --max-turns, every context distinct."""
+    every episode to --max-turns, every context distinct; unknown (None) where a harness
+    decides its episodes (`command:`, SPEC "Agents behind an OpenAI client")."""
     starts = settings.sampling.num_prompts or DEFAULT_STARTS
     k, turns = settings.sampling.samples, played.env.max_turns
-    cost = unit_cost(
+    cost = None if turns is None else unit_cost(
         starts * k * turns, 1, settings.sampling.max_new_tokens,
         settings.scoring.negatives_bound, has_flow(settings),
     )  # fmt: skip

@@ -137,11 +137,12 @@ class Backend(Protocol):
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
-        offset: int = 0,
+        offset: int = 0, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:  # fmt: skip
         """K samples for each prompt (given as token ids), seeded per prompt: prompt i by
         `prompt_seed(params.seed, offset + i)` (`offset`: where these prompts begin in the
-        scan's list, so that sampling it in parts draws the same traces)."""
+        scan's list, so that sampling it in parts draws the same traces), or by `seeds[i]`
+        where given (the endpoint's requests, each seeded by its own context)."""
         ...
 
     def loglikelihood(
@@ -209,11 +210,11 @@ class SplitBackend:
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
-        offset: int = 0,
+        offset: int = 0, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:  # fmt: skip
         if self.sampler is None:
             raise RuntimeError("the sampler was closed before sampling")
-        return self.sampler.generate(prompts, params, progress, offset)
+        return self.sampler.generate(prompts, params, progress, offset, seeds)
 
     def _scoring_backend(self) -> Backend:
         if self.scorer is None:

@@ -82,7 +82,7 @@ class FunctionBackend:
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
-        offset: int = 0,
+        offset: int = 0, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:  # fmt: skip
         raise CollapsecheckError("the caller's log-likelihood function scores; it cannot sample")
 

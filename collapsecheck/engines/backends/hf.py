@@ -415,13 +415,14 @@ class TransformersBackend(TransformersScoring):
     @torch.inference_mode()
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
-        offset: int = 0,
+        offset: int = 0, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:  # fmt: skip
         per_batch = max(1, self.sequences_per_batch(prompts, params) // params.k)
         results: list[list[Sample]] = []
         for start in range(0, len(prompts), per_batch):
             chunk = range(start, min(start + per_batch, len(prompts)))
-            seeds = [prompt_seed(params.seed, offset + i) for i in chunk]
-            results += self._sample_batch([prompts[i] for i in chunk], params, seeds)
+            drawn = [prompt_seed(params.seed, offset + i) if seeds is None else seeds[i]
+                     for i in chunk]  # fmt: skip
+            results += self._sample_batch([prompts[i] for i in chunk], params, drawn)
             progress(len(chunk))
         return results

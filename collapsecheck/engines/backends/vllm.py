@@ -143,7 +143,7 @@ class VLLMBackend:
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, progress: Progress,
-        offset: int = 0,
+        offset: int = 0, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:  # fmt: skip
         """All prompts in one engine call; each prompt's K samples from its own seed."""
         from vllm import SamplingParams as VLLMSamplingParams
@@ -156,7 +156,7 @@ class VLLMBackend:
                 temperature=params.temperature,
                 top_p=params.top_p,
                 max_tokens=params.max_new_tokens,
-                seed=prompt_seed(params.seed, offset + index),
+                seed=prompt_seed(params.seed, offset + index) if seeds is None else seeds[index],
                 stop_token_ids=self.stop_ids,
                 detokenize=False,
             )

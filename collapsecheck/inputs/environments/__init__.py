@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.environments.command import COMMAND
 from collapsecheck.inputs.environments.factories import (
     Environment,
     EnvironmentSpec,
@@ -30,6 +31,7 @@ from collapsecheck.inputs.environments.gem import GEM
 from collapsecheck.inputs.environments.openenv import OPENENV
 from collapsecheck.inputs.environments.protocol import (
     Adapter,
+    DrivenSource,
     EnvironmentSource,
     Game,
     Loading,
@@ -45,6 +47,7 @@ from collapsecheck.inputs.environments.trl_tools import TRL_TOOLS
 # a SPEC `PREFIX:NAME` is loaded by its adapter; any other is a factory's, played as the one
 # adapter that recognises what it makes plays it, else as collapsecheck plays it (`factories`)
 ADAPTERS: dict[str, Adapter] = {
+    "command": COMMAND,
     "gem": GEM,
     "openenv": OPENENV,
     "ragen": RAGEN,
@@ -96,6 +99,7 @@ FACTORY_TAKES = (
 
 __all__ = [
     "ADAPTERS",
+    "DrivenSource",
     "Environment",
     "EnvironmentSource",
     "EnvironmentSpec",

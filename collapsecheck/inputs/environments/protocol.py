@@ -80,6 +80,52 @@ class EnvironmentSource(Protocol):
 
 
 @dataclass(frozen=True)
+class EpisodeEnd:
+    """What an adapter whose environment plays itself (verifiers) knows of one episode that the
+    endpoint's recording does not: its start state and seed, each turn's reward (None: not
+    said), the state after its last turn, whether it ended and succeeded, its info."""
+
+    start: int
+    seed: int
+    rewards: tuple[float | None, ...]
+    final_state: str | None = None
+    done: bool | None = None
+    success: bool | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Driven:
+    """What a harness that drove the endpoint left beside its recording: each named episode's
+    end (by the name its requests carried), and what the adapter noticed while it ran."""
+
+    ends: Mapping[str, EpisodeEnd] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+class DrivenSource(Protocol):
+    """A loaded `--env` spec whose harness (a command, verifiers' rollouts) drives the model
+    itself through collapsecheck's endpoint (SPEC "Agents behind an OpenAI client"): as
+    `EnvironmentSource`, but instead of games it runs the harness against `endpoint` (its
+    ASGI app and recorder, `inputs.environments.endpoint`) until it is done."""
+
+    spec: str
+    notes: tuple[str, ...]
+
+    @property
+    def origin(self) -> Path: ...
+
+    @property
+    def code_sha256(self) -> str: ...
+
+    def key(self) -> dict[str, Any]: ...
+
+    def resolved(self, env: EnvSettings, sampling: SamplingSettings) -> Resolved: ...
+
+    def drive(self, endpoint: Any, env: EnvSettings) -> Driven: ...
+
+
+@dataclass(frozen=True)
 class Loading:
     """What a SPEC is loaded with: the --env-arg pairs, the checkpoint (beside which a
     framework's saved config is looked for), --env-config, a dataset whose rows are the start
@@ -98,7 +144,7 @@ class Adapter:
     FILE.py:FACTORY's environment can be its framework's, `recognises(environment)` says so by
     what the object has and `adopt(factory_spec, loading)` plays it so."""
 
-    load: Callable[[str, Loading], EnvironmentSource]
+    load: Callable[[str, Loading], EnvironmentSource | DrivenSource]
     recognises: Callable[[Any], bool] | None = None
     adopt: Callable[[Any, Loading], EnvironmentSource] | None = None
 

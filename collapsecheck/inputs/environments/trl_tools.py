@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import json
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from collapsecheck.inputs.environments.framework import (
     seed_note,
 )
 from collapsecheck.inputs.environments.protocol import Adapter, Loading, refuse_unused
+from collapsecheck.inputs.environments.tool_calls import calls_action, calls_given
 from collapsecheck.inputs.prompts import Messages, numbered_rows, template_source
 from collapsecheck.settings import EnvSettings
 
@@ -185,20 +185,6 @@ def tool_message(name: str, result: Any) -> dict[str, Any]:
         raise EnvironmentFault(f"the tool {name} returned content blocks (a vision model's "
                                "tool result), which collapsecheck does not play")  # fmt: skip
     return {"role": "tool", "name": name, "content": str(result)}
-
-
-def calls_given(calls: list[Any]) -> str:
-    """The parsed tool calls as JSON text (what the environment was given)."""
-    return json.dumps([call.get("function", call) for call in calls], ensure_ascii=False)
-
-
-def calls_action(calls: list[Any]) -> str:
-    """The tool calls as `name(arguments)`, joined by "; " (the action)."""
-    functions = [call.get("function", call) for call in calls]
-    return "; ".join(
-        f"{f.get('name')}({json.dumps(f.get('arguments', {}), ensure_ascii=False)})"
-        for f in functions
-    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,168 @@
+"""Playing a checkpoint under a harness that drives the model itself (`--env command:...`,
+`--env verifiers:...`; SPEC "Agents behind an OpenAI client"): the scan's backend answers the
+harness through collapsecheck's endpoint, every request is recorded, and the recording becomes
+the episodes and turns every other played scan has (`episodes.Played`)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from collapsecheck.engines.backends.base import Backend
+from collapsecheck.engines.reasoning import ActionSpec, action_spec, located_action, reasoning_spec
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.environments.conversations import Conversation, assemble
+from collapsecheck.inputs.environments.endpoint import Endpoint, Exchange, Recorder, endpoint_app
+from collapsecheck.inputs.environments.protocol import DrivenSource, EpisodeEnd
+from collapsecheck.inputs.environments.tool_calls import calls_action, calls_given
+from collapsecheck.inputs.episodes import Episode, EpisodeTurn
+from collapsecheck.runs.episodes import Played
+from collapsecheck.runs.serving import BackendChat, Served
+from collapsecheck.settings import EnvSettings, Settings
+
+
+def drive(
+    backend: Backend, source: DrivenSource, env: EnvSettings, settings: Settings, name: str
+) -> tuple[list[Conversation], dict[str, EpisodeEnd], list[str], float | None]:
+    """The harness run against the endpoint to its end: its conversations, the ends its
+    adapter knows, what was noticed, and the one temperature its replies were sampled at where
+    that is not the scan's (a fault the harness met at the endpoint stops the scan)."""
+    chat = BackendChat(backend, settings, name, f"--env {source.spec}")
+    recorder = Recorder()
+    try:
+        driven = source.drive(Endpoint(endpoint_app(chat, recorder), recorder, name), env)
+    finally:
+        chat.close()
+    if recorder.fault is not None:
+        raise recorder.fault
+    notes = [*driven.notes, *([recorder.refused()] if recorder.refusals else [])]
+    conversations = assemble(recorder.exchanges)
+    forks = sum(c.forked for c in conversations)
+    if forks:
+        notes.append(
+            f"--env {source.spec}: {forks} request{'s' if forks > 1 else ''} continued an "
+            "earlier turn another request had already continued (a retry or a branch): each "
+            "branch is an episode of its own, with the turns before it"
+        )
+    return conversations, dict(driven.ends), notes, single_temperature(recorder, settings)
+
+
+def single_temperature(recorder: Recorder, settings: Settings) -> float | None:
+    """The temperature every reply was sampled at, where the harness asked one other than the
+    scan's; the harness asking several is one line (the traces are scored at one)."""
+    asked = sorted({e.kept.temperature for e in recorder.exchanges})
+    if len(asked) > 1:
+        listed = ", ".join(f"{t:g}" for t in asked)
+        raise CollapsecheckError(
+            f"the harness asked temperatures {listed}: the traces are scored at the one they "
+            "were sampled at; give --temperature to sample every reply at one"
+        )
+    scans = settings.sampling.sampling_temperature
+    return asked[0] if asked and asked[0] != scans else None
+
+
+def start_order(
+    conversations: Sequence[Conversation], ends: dict[str, EpisodeEnd]
+) -> list[tuple[int, int, Conversation]]:
+    """Each conversation with its start state's number and seed, in play order: a named
+    episode's from its adapter; otherwise start states are distinct first requests, numbered
+    in the order of their text, each seeded by a digest of it (so two policies' episodes
+    pair only where they began alike), their episodes in the order of their replies."""
+    placed = []
+    unnamed = [c for c in conversations if c.exchanges[0].episode not in ends]
+    keys = sorted({c.start for c in unnamed})
+    numbers = {key: index for index, key in enumerate(keys)}
+    for conversation in conversations:
+        end = ends.get(conversation.exchanges[0].episode or "")
+        if end is not None:
+            placed.append((end.start, end.seed, conversation))
+        else:
+            key = conversation.start
+            placed.append((numbers[key], start_seed(key), conversation))
+    return sorted(placed, key=lambda p: (p[0], [e.reply.text for e in p[2].exchanges]))
+
+
+def start_seed(key: str) -> int:
+    return int(hashlib.sha256(key.encode()).hexdigest()[:7], 16)
+
+
+def episode_of(
+    conversation: Conversation, start: int, seed: int, end: EpisodeEnd | None,
+    settings: Settings, action: ActionSpec,
+) -> Episode:  # fmt: skip
+    """The conversation as a played episode: each request a turn."""
+    rewards = end.rewards if end is not None else ()
+    turns = []
+    for number, (exchange, state, returned) in enumerate(conversation.turns()):
+        reward = rewards[number] if number < len(rewards) else None
+        turns.append(EpisodeTurn(
+            state, exchange.reply.text, turn_action(exchange, settings, action), reward,
+            {}, given=given(exchange), returned=returned,
+        ))  # fmt: skip
+    if end is None:
+        return Episode(start, seed, tuple(turns))
+    return Episode(start, seed, tuple(turns), end.final_state, end.done, end.success)
+
+
+def turn_action(exchange: Exchange, settings: Settings, action: ActionSpec) -> str:
+    """The reply's tool calls as `name(arguments)` where it made some, else its action segment
+    located as every played turn's is."""
+    calls = tool_call_dicts(exchange)
+    if calls:
+        return calls_action(calls)
+    kept: Served = exchange.kept
+    return located_action(
+        exchange.reply.text, reasoning_spec(settings.scoring), action, kept.sample.truncated,
+        kept.rendered.text,
+    )  # fmt: skip
+
+
+def given(exchange: Exchange) -> str:
+    """The reply as the harness got it: its tool calls as JSON where it made some, else its
+    text."""
+    calls = tool_call_dicts(exchange)
+    return calls_given(calls) if calls else exchange.reply.text
+
+
+def tool_call_dicts(exchange: Exchange) -> list[dict[str, Any]]:
+    return [{"name": c.name, "arguments": dict(c.arguments)} for c in exchange.reply.tool_calls]
+
+
+def episodes_played(
+    conversations: Sequence[Conversation], ends: dict[str, EpisodeEnd], settings: Settings
+) -> list[tuple[Episode, Conversation]]:
+    """Every conversation as an episode, in play order."""
+    action = action_spec(settings.scoring) or ActionSpec()
+    return [
+        (episode_of(c, start, seed, ends.get(c.exchanges[0].episode or ""), settings, action), c)
+        for start, seed, c in start_order(conversations, ends)
+    ]
+
+
+def play_driven(
+    backend: Backend, source: DrivenSource, env: EnvSettings, settings: Settings, name: str
+) -> Played:
+    """The harness played to its end, its recording as played episodes: each turn a prompt
+    with its one response, its reward the episode's total where the adapter knows rewards."""
+    conversations, ends, notes, temperature = drive(backend, source, env, settings, name)
+    played = episodes_played(conversations, ends, settings)
+    prompts, rendered, samples, numbers, totals = [], [], [], [], []
+    for episode, conversation in played:
+        total = sum(t.reward or 0.0 for t in episode.turns)
+        for number, exchange in enumerate(conversation.exchanges, start=1):
+            kept: Served = exchange.kept
+            prompts.append(kept.prompt)
+            rendered.append(kept.rendered)
+            samples.append(kept.sample)
+            numbers.append(number)
+            totals.append(total)
+    rewards = totals if ends else None
+    if temperature is not None:
+        notes.append(
+            f"--env {source.spec}: every reply was sampled at temperature {temperature:g}, as "
+            "the harness asked, and is scored at it (--temperature samples every reply at one)"
+        )
+    episodes = [episode for episode, _ in played]
+    return Played(episodes, prompts, rendered, samples, numbers, rewards, temperature,
+                  tuple(notes))  # fmt: skip

@@ -1,0 +1,177 @@
+"""The scan's backend answering the endpoint's requests (SPEC "Agents behind an OpenAI client"):
+each request rendered by the checkpoint's chat template (its tools included), sampled once at
+a seed derived from --seed, its context and how many times that context came before, its tool
+calls read in the template's format. Requests that arrive together are sampled in one
+`generate` call (each with its own seed, so a batch's make-up never changes a reply)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import queue
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collapsecheck.engines.backends.base import Backend, SamplingParams, no_progress
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.environments.openai_wire import (
+    CHAT,
+    Unservable,
+    WireReply,
+    WireRequest,
+)
+from collapsecheck.inputs.environments.tool_calls import parsed_reply, require_tool_format
+from collapsecheck.inputs.prompts import Prompt, RenderedPrompt, render_prompt
+from collapsecheck.inputs.samples import Sample
+from collapsecheck.settings import Settings
+
+GATHER_S = 0.02  # how long the sampler waits for more requests to join a batch
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the scan keeps of one request: the prompt as rendered, the one sample, and the
+    temperature it was sampled at."""
+
+    prompt: Prompt
+    rendered: RenderedPrompt
+    sample: Sample
+    temperature: float
+
+
+def request_seed(seed: int, ids: Sequence[int], repeat: int) -> int:
+    """The seed of a request whose context is `ids`, the `repeat`-th request of that context
+    (0 the first): a rerun that sends the same requests in another order draws the same
+    replies for them."""
+    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
+    words = [int.from_bytes(digest[i : i + 4], "little") for i in range(0, 16, 4)]
+    return int(np.random.SeedSequence([seed, *words, repeat]).generate_state(1)[0])
+
+
+class BackendChat:
+    """`endpoint.ChatModel` over the scan's backend."""
+
+    def __init__(self, backend: Backend, settings: Settings, name: str, where: str) -> None:
+        self.backend, self.settings, self.name, self.where = backend, settings, name, where
+        self.sampler = Sampler(backend)
+        self.lock = threading.Lock()
+        self.seen: Counter[bytes] = Counter()
+
+    def answer(self, request: WireRequest) -> tuple[WireReply, Served]:
+        tokenizer = self.backend.tokenizer
+        found = require_tool_format(tokenizer, request.tools) if request.kind == CHAT else None
+        prompt, rendered = self.rendered(request)
+        params = self.params(request, len(rendered.ids))
+        with self.lock:
+            key = np.asarray(rendered.ids, dtype=np.int64).tobytes()
+            repeat = self.seen[key]
+            self.seen[key] += 1
+        seed = request_seed(self.settings.analysis.seed, rendered.ids, repeat)
+        sample = self.sampler.sample(rendered.ids, params, seed)
+        text = self.backend.decode(sample.ids)
+        content, calls = parsed_reply(text, found, tokenizer)
+        pieces = self.pieces(sample.ids, text) if request.stream else ()
+        reply = WireReply(text, content, calls, sample.truncated, len(rendered.ids),
+                          len(sample.ids), pieces)  # fmt: skip
+        return reply, Served(prompt, rendered, sample, params.temperature)
+
+    def rendered(self, request: WireRequest) -> tuple[Prompt, RenderedPrompt]:
+        """The request's context as the model reads it: chat messages through the chat
+        template (with the request's tools and --chat-template-kwargs), a text prompt as is."""
+        if request.kind != CHAT:
+            prompt = Prompt(request.prompt, self.where)
+            return prompt, render_prompt(prompt, self.backend.tokenizer)
+        prompt = Prompt([dict(m) for m in request.messages], self.where)
+        kwargs = dict(self.settings.prompts.chat_template_kwargs or {})
+        if request.tools:
+            kwargs["tools"] = [dict(t) for t in request.tools]
+        try:
+            return prompt, render_prompt(prompt, self.backend.tokenizer, template_kwargs=kwargs)
+        except CollapsecheckError as err:  # the template cannot render these messages
+            raise Unservable(str(err).removeprefix(f"{self.where}: ")) from None
+
+    def params(self, request: WireRequest, context: int) -> SamplingParams:
+        """The request's sampling within the scan's: --temperature where given, else the
+        request's (else 1); its token limit, at most --max-new-tokens; its top_p, else --top-p."""
+        sampling = self.settings.sampling
+        temperature = sampling.temperature
+        if temperature is None:
+            temperature = 1.0 if request.temperature is None else request.temperature
+        limit = min(request.max_tokens or sampling.max_new_tokens, sampling.max_new_tokens)
+        room = self.backend.max_length
+        if room is not None and context + limit > room:
+            raise Unservable(
+                f"the context has {context} tokens and the reply may take {limit} of the "
+                f"model's {room}"
+            )
+        top_p = sampling.top_p if request.top_p is None else min(request.top_p, 1.0) or 1.0
+        return SamplingParams(1, float(temperature), top_p, limit, 0)
+
+    def pieces(self, ids: Sequence[int], text: str) -> tuple[str, ...]:
+        """The reply a token at a time, as a stream sends it: each token's new text, held back
+        while it ends inside a character, the pieces joined the whole text."""
+        pieces, sent = [], 0
+        for end in range(1, len(ids) + 1):
+            so_far = self.backend.decode(ids[:end]) if end < len(ids) else text
+            if so_far.endswith("\ufffd") and end < len(ids):
+                pieces.append("")
+                continue
+            pieces.append(so_far[sent:])
+            sent = len(so_far)
+        return tuple(pieces)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+class Sampler:
+    """One thread sampling for every request: what arrives while it samples (or within
+    GATHER_S of the first) is sampled together, one `generate` call per sampling setting,
+    each request at its own seed."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.waiting: queue.Queue[Any] = queue.Queue()
+        self.thread = threading.Thread(target=self.run, daemon=True, name="collapsecheck-sampler")
+        self.thread.start()
+
+    def sample(self, ids: Sequence[int], params: SamplingParams, seed: int) -> Sample:
+        done: concurrent.futures.Future[Sample] = concurrent.futures.Future()
+        self.waiting.put((tuple(ids), params, seed, done))
+        return done.result()
+
+    def run(self) -> None:
+        while (first := self.waiting.get()) is not None:
+            batch = [first]
+            try:
+                while (more := self.waiting.get(timeout=GATHER_S)) is not None:
+                    batch.append(more)
+            except queue.Empty:
+                more = first
+            self.sample_batch(batch)
+            if more is None:
+                return
+
+    def sample_batch(self, batch: list[Any]) -> None:
+        groups: dict[SamplingParams, list[Any]] = {}
+        for item in batch:
+            groups.setdefault(item[1], []).append(item)
+        for params, items in groups.items():
+            try:
+                drawn = self.backend.generate([i[0] for i in items], params, no_progress,
+                                              seeds=[i[2] for i in items])  # fmt: skip
+            except BaseException as err:  # carried to each waiting request's thread
+                for item in items:
+                    item[3].set_exception(err)
+                continue
+            for item, (sample,) in zip(items, drawn, strict=True):
+                item[3].set_result(sample)
+
+    def close(self) -> None:
+        self.waiting.put(None)
+        self.thread.join(60)

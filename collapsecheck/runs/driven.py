@@ -31,7 +31,8 @@ def drive(
     chat = BackendChat(backend, settings, name, f"--env {source.spec}")
     recorder = Recorder()
     try:
-        driven = source.drive(Endpoint(endpoint_app(chat, recorder), recorder, name), env)
+        endpoint = Endpoint(endpoint_app(chat, recorder), recorder, name)
+        driven = source.drive(endpoint, env, settings.sampling)
     finally:
         chat.close()
     if recorder.fault is not None:

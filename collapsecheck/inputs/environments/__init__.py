@@ -7,7 +7,12 @@ episode (`protocol`):
 - `ragen`: `ragen:TAG`, RAGEN's own environments as RAGEN's managers play them;
 - the frameworks whose trainers play a chat (SPEC "Every framework's environment"), each a
   `chat.Session` behind `chat.ChatGame`: `skyrl` (SkyRL-gym), `trl_tools` (TRL's
-  environment_factory), `textarena`, `gem`, `openenv`.
+  environment_factory), `textarena`, `gem`, `openenv`;
+- the harnesses that drive the model themselves through collapsecheck's OpenAI-compatible
+  endpoint (SPEC "Agents behind an OpenAI client"; `protocol.DrivenSource`): `command` (any
+  harness, run as a command) and `verifiers_envs` (verifiers' classic environments, in
+  process); the endpoint is `openai_wire` (the wire format), `endpoint` (the app, served or in
+  process, and its recording), `tool_calls` and `conversations` (the recording as episodes).
 
 Every call into an environment's code goes through `calls.call_within` (--env-timeout). A
 framework is one module and one line of `ADAPTERS` (its prefix and `protocol.Adapter`)."""
@@ -43,6 +48,7 @@ from collapsecheck.inputs.environments.ragen import RAGEN
 from collapsecheck.inputs.environments.skyrl import SKYRL
 from collapsecheck.inputs.environments.textarena import TEXTARENA
 from collapsecheck.inputs.environments.trl_tools import TRL_TOOLS
+from collapsecheck.inputs.environments.verifiers_envs import VERIFIERS
 
 # a SPEC `PREFIX:NAME` is loaded by its adapter; any other is a factory's, played as the one
 # adapter that recognises what it makes plays it, else as collapsecheck plays it (`factories`)
@@ -54,6 +60,7 @@ ADAPTERS: dict[str, Adapter] = {
     "skyrl": SKYRL,
     "textarena": TEXTARENA,
     "trl": TRL_TOOLS,
+    "verifiers": VERIFIERS,
 }
 
 

@@ -85,7 +85,7 @@ class CommandSpec:
             )
         return Resolved(env, sampling, {})
 
-    def drive(self, endpoint: Endpoint, env: EnvSettings) -> Driven:
+    def drive(self, endpoint: Endpoint, env: EnvSettings, sampling: SamplingSettings) -> Driven:
         """The command run to its end against the endpoint, served on a free port."""
         with Serving(endpoint.app) as served, tempfile.TemporaryDirectory() as folder:
             command = self.command.replace("{base_url}", served.base_url)

@@ -132,19 +132,7 @@ class FrameworkSpec:
                 f"--context-window goes with FILE.py:FACTORY environments: --env {self.spec} "
                 f"is played as {self.framework}'s trainer plays it, the whole chat each turn"
             )
-        first = 0 if env.env_seed is None else env.env_seed
-        turns = self.turns if env.max_turns is None else env.max_turns
-        played = dataclasses.replace(env, env_seed=first, max_turns=turns)
-        if self.starts is None:
-            return Resolved(played, sampling, {})
-        wanted = sampling.num_prompts or min(self.starts - first, DEFAULT_STARTS)
-        if first + wanted > self.starts or first < 0:
-            raise CollapsecheckError(
-                f"--env {self.spec}: --env-seed {first} and -n {wanted} ask for rows "
-                f"{first}..{first + wanted - 1} of a dataset of {self.starts}"
-            )
-        sources = {} if sampling.num_prompts else {"num_prompts": f"{wanted} (the dataset's rows)"}
-        return Resolved(played, dataclasses.replace(sampling, num_prompts=wanted), sources)
+        return rows_resolved(self.spec, self.starts, env, sampling, self.turns)
 
     def game(self, seed: int, env: EnvSettings, prompts: PromptSettings) -> ChatGame:
         where = f"--env {self.spec} ({self.framework}"
@@ -158,6 +146,29 @@ class FrameworkSpec:
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         """Pickled as how it was loaded, loaded again where it is unpickled (a Ray task)."""
         return self.reload
+
+
+def rows_resolved(
+    spec: str, starts: int | None, env: EnvSettings, sampling: SamplingSettings,
+    turns: int | None,
+) -> Resolved:  # fmt: skip
+    """Seeds from --env-seed (default 0), `turns` unless --max-turns is given (None: the
+    environment's own limit); where the start states are a dataset's `starts` rows, -n of them
+    (default the rows there are, at most 16), and rows past the end are one line."""
+    first = 0 if env.env_seed is None else env.env_seed
+    played = dataclasses.replace(
+        env, env_seed=first, max_turns=turns if env.max_turns is None else env.max_turns
+    )
+    if starts is None:
+        return Resolved(played, sampling, {})
+    wanted = sampling.num_prompts or min(starts - first, DEFAULT_STARTS)
+    if first + wanted > starts or first < 0:
+        raise CollapsecheckError(
+            f"--env {spec}: --env-seed {first} and -n {wanted} ask for rows "
+            f"{first}..{first + wanted - 1} of a dataset of {starts}"
+        )
+    sources = {} if sampling.num_prompts else {"num_prompts": f"{wanted} (the dataset's rows)"}
+    return Resolved(played, dataclasses.replace(sampling, num_prompts=wanted), sources)
 
 
 def seed_note(spec: FrameworkSpec, env: EnvSettings) -> tuple[str, ...]:

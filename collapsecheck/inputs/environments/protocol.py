@@ -107,7 +107,8 @@ class DrivenSource(Protocol):
     """A loaded `--env` spec whose harness (a command, verifiers' rollouts) drives the model
     itself through collapsecheck's endpoint (SPEC "Agents behind an OpenAI client"): as
     `EnvironmentSource`, but instead of games it runs the harness against `endpoint` (its
-    ASGI app and recorder, `inputs.environments.endpoint`) until it is done."""
+    ASGI app and recorder, `inputs.environments.endpoint`) until it is done (`env`, `sampling`:
+    resolved, the start states, episodes and token limit it plays with)."""
 
     spec: str
     notes: tuple[str, ...]
@@ -122,7 +123,7 @@ class DrivenSource(Protocol):
 
     def resolved(self, env: EnvSettings, sampling: SamplingSettings) -> Resolved: ...
 
-    def drive(self, endpoint: Any, env: EnvSettings) -> Driven: ...
+    def drive(self, endpoint: Any, env: EnvSettings, sampling: SamplingSettings) -> Driven: ...
 
 
 @dataclass(frozen=True)

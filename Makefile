@@ -3,6 +3,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# verifiers' lowest supported version beside the highest (the dev extra's): its package alone,
+# on the path of the tests that play it (tests/test_env_verifiers.py)
+VERIFIERS_LOWEST := $(VENV)/verifiers-0.1.9
 # CPU build of torch on machines without an NVIDIA GPU (here: a local wheel; elsewhere set
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu), the default CUDA build where one is.
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
@@ -22,6 +25,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps --target $(VERIFIERS_LOWEST) verifiers==0.1.9
 	touch $(STAMP)
 
 VISION_ARGS ?= -p examples/prompts/visual-gridworld.jsonl -n 16 -k 8 --max-new-tokens 64 \

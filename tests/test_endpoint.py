@@ -1,0 +1,245 @@
+"""collapsecheck's own OpenAI-compatible endpoint (SPEC "Agents behind an OpenAI client"): the
+real `openai` client (sync, async, streaming) against the app served by uvicorn and in process,
+answered by the walker checkpoint through the transformers backend; refusals as OpenAI errors;
+tool calls read in the template's format; the recording threaded into episodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.inputs.environments.conversations import assemble
+from collapsecheck.inputs.environments.endpoint import (
+    Endpoint,
+    Exchange,
+    InProcess,
+    Recorder,
+    Serving,
+    endpoint_app,
+)
+from collapsecheck.inputs.environments.openai_wire import (
+    CHAT,
+    TEXT,
+    ToolCall,
+    Unservable,
+    WireReply,
+    WireRequest,
+    read_request,
+)
+from collapsecheck.inputs.environments.tool_calls import parsed_reply, require_tool_format
+from collapsecheck.runs.serving import BackendChat, request_seed
+from collapsecheck.settings import LoadSettings, SamplingSettings, Settings
+from tests.conftest import EXAMPLES
+from tests.test_env_trl_tools import call, qwen3_tokenizer
+
+WALKER = EXAMPLES / "agents" / "walker"
+ASK = [{"role": "user", "content": "agent 1,2 goal 4,4"}]
+
+
+@pytest.fixture(scope="module")
+def walker():
+    return TransformersBackend.from_checkpoint(WALKER, LoadSettings(device="cpu"), None)
+
+
+def served(walker, **sampling) -> tuple[BackendChat, Recorder, Endpoint]:
+    settings = Settings(sampling=SamplingSettings(max_new_tokens=40, **sampling))
+    chat = BackendChat(walker, settings, "walker", "--env test")
+    recorder = Recorder()
+    return chat, recorder, Endpoint(endpoint_app(chat, recorder), recorder, "walker")
+
+
+def test_the_openai_client_is_answered_by_the_seeded_backend(walker):
+    """Sync and async clients, whole and streamed: a reply is the backend's sample at the seed
+    of its context and repeat count, the stream's pieces join to the whole reply, the usage
+    counts its tokens; a second identical request is the context's next repeat."""
+    chat, recorder, endpoint = served(walker)
+    with Serving(endpoint.app) as serving:
+        client = openai.OpenAI(base_url=serving.base_url, api_key="x")
+        assert [m.id for m in client.models.list().data] == ["walker"]
+        first = client.chat.completions.create(model="walker", messages=ASK, max_tokens=40)
+        stream = client.chat.completions.create(
+            model="walker", messages=ASK, max_tokens=40, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert first.choices[0].finish_reason in ("stop", "length")
+    exchanges = sorted(recorder.exchanges, key=lambda e: e.number)
+    assert [e.reply.text for e in exchanges] == [first.choices[0].message.content, text]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == len(exchanges[1].kept.sample.ids)
+    ids = exchanges[0].kept.rendered.ids
+    seeds = [request_seed(0, ids, 0), request_seed(0, ids, 1)]
+    direct = walker.generate([ids, ids], chat.params(exchanges[0].request, len(ids)),
+                             lambda n: None, seeds=seeds)  # fmt: skip
+    assert [walker.decode(s[0].ids) for s in direct] == [e.reply.text for e in exchanges]
+    chat.close()
+
+
+def test_the_async_client_in_process_and_text_completions(walker):
+    """The same app reached with no socket (httpx's ASGI transport), as verifiers' adapter
+    reaches it; /v1/completions reads its prompt as text."""
+    chat, recorder, endpoint = served(walker)
+    client = InProcess(endpoint.app).async_client("episode-1")
+
+    async def ask():
+        whole = await client.chat.completions.create(model="m", messages=ASK, max_tokens=40)
+        text = await client.completions.create(model="m", prompt="agent 1,2", max_tokens=5)
+        return whole, text
+
+    whole, text = asyncio.run(ask())
+    chat.close()
+    assert [e.episode for e in recorder.exchanges] == ["episode-1", "episode-1"]
+    assert whole.choices[0].message.content == recorder.exchanges[0].reply.text
+    assert text.choices[0].text == recorder.exchanges[1].reply.text
+    assert recorder.exchanges[1].kept.rendered.text == "agent 1,2"
+    assert len(recorder.exchanges[1].kept.sample.ids) <= 5
+
+
+def test_a_request_it_cannot_serve_is_an_openai_error_and_recorded(walker):
+    chat, recorder, endpoint = served(walker)
+    with Serving(endpoint.app) as serving:
+        client = openai.OpenAI(base_url=serving.base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="one choice a request"):
+            client.chat.completions.create(model="m", messages=ASK, n=2)
+        tool = {"type": "function", "function": {"name": "move", "parameters": {}}}
+        with pytest.raises(openai.BadRequestError, match="renders none"):
+            client.chat.completions.create(model="m", messages=ASK, tools=[tool])
+    chat.close()
+    assert not recorder.exchanges
+    assert "request 0 (/v1/chat/completions): n=2" in recorder.refused()
+    assert recorder.refused().startswith("the endpoint refused 2 requests")
+
+
+def test_the_token_limit_and_temperature_stay_within_the_scans(walker):
+    chat, _, _ = served(walker)
+    asked = WireRequest(CHAT, "m", tuple(ASK), temperature=0.5, max_tokens=500)
+    params = chat.params(asked, 10)
+    assert (params.max_new_tokens, params.temperature) == (40, 0.5)
+    fixed, _, _ = served(walker, temperature=1.0)
+    assert fixed.params(asked, 10).temperature == 1.0  # --temperature given samples every reply
+    with pytest.raises(Unservable, match="the context has 2040 tokens"):
+        chat.params(asked, 2040)
+
+
+def test_requests_are_read_as_chat_templates_read_them():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    called = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": parts},
+            {"role": "assistant", "content": None, "tool_calls": [called]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"},
+        ],
+        "max_completion_tokens": 7, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    request = read_request(CHAT, body)
+    assert request.messages[0]["content"] == "ab"
+    assert request.messages[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert request.messages[2]["tool_call_id"] == "c1"
+    assert (request.max_tokens, request.stream, request.include_usage) == (7, True, True)
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    for bad, why in [({"messages": []}, "non-empty list"), ({"messages": [image]}, "'image_url'"),
+                     ({"messages": ASK, "max_tokens": 0}, "at least 1")]:  # fmt: skip
+        with pytest.raises(Unservable, match=why):
+            read_request(CHAT, bad)
+    assert read_request(TEXT, {"prompt": ["one"]}).prompt == "one"
+
+
+def test_tool_calls_are_read_in_the_templates_format():
+    """Hermes <tool_call> blocks (Qwen's template) become OpenAI tool calls, the rest of the
+    reply the content; a block that is not JSON stays in the content; a template that renders
+    no tools refuses a request with tools."""
+    tokenizer = qwen3_tokenizer()
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    found = require_tool_format(tokenizer, tools)
+    assert found == "hermes"
+    text = "<think>add two</think>\n" + call("add", n=2) + "\n" + call("add", n=3)
+    content, calls = parsed_reply(text, found, tokenizer)
+    assert content == "<think>add two</think>"
+    assert [(c.name, dict(c.arguments)) for c in calls] == [("add", {"n": 2}), ("add", {"n": 3})]
+    broken = "<tool_call>\nnot json\n</tool_call>"
+    assert parsed_reply(broken, found, tokenizer) == (broken, ())
+    assert parsed_reply(text, None, tokenizer) == (text, ())
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    with pytest.raises(Unservable, match="renders none"):
+        require_tool_format(tokenizer, tools)
+
+
+def exchange(number, messages, reply, episode=None, calls=()):
+    request = WireRequest(CHAT, "m", tuple(messages))
+    answer = WireReply(reply, reply if not calls else "", tuple(calls), False, 1, 1)
+    return Exchange(number, request, answer, episode, None)
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def test_requests_continue_the_episode_whose_reply_they_carry():
+    """A request with an earlier request's messages, its reply and more continues that episode
+    (whitespace and tool-call ids as the harness wrote them back); others start episodes; two
+    identical episodes each keep their own continuation; a request continuing a turn already
+    continued branches off it with the turns before it; named requests go by their names."""
+    call_reply = ToolCall("add", {"n": 1}, id="call_a")
+    written_back = {"id": "other", "type": "function",
+                    "function": {"name": "add", "arguments": {"n": 1}}}  # fmt: skip
+    recorded = [
+        exchange(0, [user("s1")], "r1"),
+        exchange(1, [user("s1")], "r1"),  # the same start, the same reply
+        exchange(2, [user("s1"), {"role": "assistant", "content": " r1 "}, user("o1")], "r2"),
+        exchange(3, [user("s1"), {"role": "assistant", "content": "r1"}, user("o1b")], "r2b"),
+        exchange(4, [user("s2")], "", calls=[call_reply]),
+        exchange(5, [user("s2"), {"role": "assistant", "content": None,
+                                  "tool_calls": [written_back]},
+                     {"role": "tool", "tool_call_id": "other", "content": "1"}], "done"),
+        exchange(6, [user("s1"), {"role": "assistant", "content": "r1"}, user("o1c")], "r2c"),
+        exchange(7, [user("s3")], "x", episode="e"),
+        exchange(8, [user("unrelated")], "y", episode="e"),
+    ]  # fmt: skip
+    conversations = assemble(list(reversed(recorded)))
+    numbers = sorted([e.number for e in c.exchanges] for c in conversations)
+    assert numbers == [[0, 2], [0, 6], [1, 3], [4, 5], [7, 8]]
+    forked = [c for c in conversations if c.forked]
+    assert [[e.number for e in c.exchanges] for c in forked] == [[0, 6]]
+    tool_episode = next(c for c in conversations if c.exchanges[0].number == 4)
+    (_, state1, returned1), (_, state2, returned2) = tool_episode.turns()
+    assert (state1, state2) == ("s2", "1")
+    assert returned1 == ({"role": "tool", "tool_call_id": "other", "content": "1"},)
+    assert returned2 == ()
+
+
+def test_text_completions_continue_by_their_prompts():
+    def text(number, prompt, reply):
+        return Exchange(number, WireRequest(TEXT, "m", prompt=prompt),
+                        WireReply(reply, reply, (), False, 1, 1), None, None)  # fmt: skip
+
+    conversations = assemble([text(0, "A:", " b"), text(1, "A: b\nC:", " d"), text(2, "E:", "f")])
+    assert sorted(len(c.exchanges) for c in conversations) == [1, 2]
+    two = next(c for c in conversations if len(c.exchanges) == 2)
+    assert [state for _, state, _ in two.turns()] == ["A:", "\nC:"]
+    assert two.turns()[0][2] == ({"role": "user", "content": "\nC:"},)
+
+
+def test_a_seed_depends_on_the_context_and_its_repeat_alone():
+    assert request_seed(0, (1, 2, 3), 0) == request_seed(0, [1, 2, 3], 0)
+    assert len({request_seed(0, (1, 2, 3), 0), request_seed(0, (1, 2, 3), 1),
+                request_seed(1, (1, 2, 3), 0), request_seed(0, (1, 2), 0)}) == 4  # fmt: skip
+
+
+def test_a_streamed_tool_call_arrives_as_openai_deltas():
+    from collapsecheck.inputs.environments.openai_wire import stream_events
+
+    reply = WireReply("x <tool_call>", "x", (ToolCall("f", {"a": 1}, id="c"),), False, 3, 2)
+    request = WireRequest(CHAT, "m", tuple(ASK), stream=True)
+    payloads = [json.loads(e[6:]) for e in stream_events(request, reply) if "[DONE]" not in e]
+    deltas = [p["choices"][0]["delta"] for p in payloads]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[1] == {"content": "x"}
+    assert deltas[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert payloads[-1]["choices"][0]["finish_reason"] == "tool_calls"

@@ -1,0 +1,102 @@
+"""`--env 'command:COMMAND'` (SPEC "Agents behind an OpenAI client"): a team's own agent loop
+(examples/harnesses/gridworld_agent.py, the real `openai` client in threads) run against
+collapsecheck's endpoint; its requests become the episodes; its faults are one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.inputs.environments import load_environment
+from collapsecheck.settings import EnvSettings, SamplingSettings
+from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import run_collapsecheck as collapsecheck
+
+WALKER = EXAMPLES / "agents" / "walker"
+UNDOER = EXAMPLES / "agents" / "undoer"
+HARNESS = ROOT / "examples" / "harnesses" / "gridworld_agent.py"
+
+
+def harness(*args: str) -> str:
+    return f"command:{sys.executable} {HARNESS} --starts 3 --episodes 2 --turns 3 " + " ".join(args)
+
+
+def episodes(dump) -> list[dict]:
+    return [json.loads(line) for line in (dump / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_a_harness_in_threads_records_the_same_episodes_in_any_order(tmp_path):
+    """Eight threads and one: the same episodes, each the chat the harness kept (its states the
+    gridworld's observations, each turn's `returned` the next user message), start states the
+    distinct first requests."""
+    runs = []
+    for threads in ("8", "1"):
+        dump = tmp_path / threads
+        done = collapsecheck(
+            "scan", WALKER, "--env", harness("--threads", threads), "--dump", dump,
+            "--max-new-tokens", "48", "--fail-on", "none",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "6 episodes from 3 start states" in done.stdout
+        runs.append(episodes(dump))
+    assert runs[0] == runs[1]
+    first = runs[0][0]
+    assert first["turns"][0]["state"].startswith("agent ")
+    for before, after in zip(first["turns"], first["turns"][1:], strict=False):
+        assert before["returned"] == [{"role": "user", "content": after["state"]}]
+        assert before["given"] == before["response"]
+    assert [e["start"] for e in runs[0]] == [0, 0, 1, 1, 2, 2]
+    assert len({e["seed"] for e in runs[0]}) == 3
+
+
+def test_two_checkpoints_under_one_harness_pair_by_start_state():
+    done = collapsecheck("compare", WALKER, UNDOER, "--env", harness(), "--max-new-tokens", "48")
+    assert done.returncode in (0, 1), done.stderr
+    assert "paired over start states" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("sh -c 'echo starting; echo boom >&2; exit 3'", "the harness exited with status 3: boom"),
+        ("true", "the harness made no request (nothing reached OPENAI_BASE_URL)"),
+        ("sleep 30", "the harness sent no request within 1 s of the endpoint's last answer"),
+    ],
+)
+def test_a_harness_that_fails_is_one_line(tmp_path, command, said):
+    done = collapsecheck("scan", WALKER, "--env", f"command:{command}", "--env-timeout", "1",
+                         "--dump", tmp_path / "dump")  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and said in errors[0]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "dump").exists()
+
+
+def test_a_harness_refused_by_the_endpoint_says_so():
+    asks_two = (
+        f'{sys.executable} -c "import openai; openai.OpenAI().chat.completions.create('
+        "model='m', messages=[{'role': 'user', 'content': 'hi'}], n=2)\""
+    )
+    done = collapsecheck("scan", WALKER, "--env", f"command:{asks_two}")
+    assert done.returncode == 2
+    assert "the harness exited with status 1: openai.BadRequestError" in done.stderr
+    assert "the endpoint refused 1 request (first: request 0 (/v1/chat/completions): n=2" in (
+        done.stderr
+    )
+
+
+def test_what_the_harness_decides_is_refused_as_a_flag():
+    spec = load_environment("command:true")
+    with pytest.raises(CollapsecheckError, match="-n, -k, --max-turns do not apply"):
+        spec.resolved(EnvSettings(env="command:true", max_turns=3),
+                      SamplingSettings(num_prompts=4, k=2))  # fmt: skip
+    with pytest.raises(CollapsecheckError, match="no program 'no-such-harness'"):
+        load_environment("command:no-such-harness --flag")
+    with pytest.raises(CollapsecheckError, match="--env-arg does not go with it"):
+        load_environment("command:true", {"a": 1})
+    loaded = load_environment(f"command:FOO=1 {sys.executable} {HARNESS}")
+    assert loaded.files[1] == HARNESS  # the script's content keys the cache

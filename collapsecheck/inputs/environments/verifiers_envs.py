@@ -9,12 +9,13 @@ wrapped as the version's own `OpenAIChatCompletionsClient` where it has one (0.1
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import importlib.util
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ class VerifiersSpec:
     rows: tuple[dict[str, Any], ...]
     files: tuple[Path, ...]
     version: str
+    own_turns: int  # the environment's own turn limit as loaded (0: none)
     notes: tuple[str, ...] = ()
 
     @property
@@ -72,11 +74,6 @@ class VerifiersSpec:
         for path in self.files:
             digest.update(path.read_bytes())
         return digest.hexdigest()
-
-    @property
-    def own_turns(self) -> int:
-        """The environment's own turn limit (0: none)."""
-        return max(int(getattr(self.environment, "max_turns", -1) or -1), 0)
 
     def key(self) -> dict[str, Any]:
         return {"env": self.spec, "framework": f"verifiers {self.version}",
@@ -122,8 +119,7 @@ class Rollouts:
     async def played(self) -> Driven:
         first, turns = self.env.env_seed or 0, self.env.max_turns
         environment = self.spec.environment
-        if turns is not None:
-            environment.max_turns = turns
+        environment.max_turns = turns if turns is not None else (self.spec.own_turns or -1)
         starts = self.starts
         tasks = {
             (start, k): asyncio.ensure_future(self.rollout(first + start, f"{start}/{k}"))
@@ -140,10 +136,10 @@ class Rollouts:
             await self.scored(group, first + start)
         cut = sum(s.get("stop_condition") == "max_turns_reached" for s in states.values())
         if turns is not None and cut and (not self.spec.own_turns or turns < self.spec.own_turns):
-            own = self.spec.own_turns or "none"
+            limit = self.spec.own_turns or "none"
             notes.append(
                 f"--env {self.spec.spec}: --max-turns {turns} cut {cut} of {len(states)} episodes "
-                f"shorter than the environment would (its max_turns {own})"
+                f"shorter than the environment would (its max_turns {limit})"
             )
         empty = sum(error_name(s) == EMPTY_REPLY for s in states.values())
         if empty:
@@ -268,11 +264,13 @@ def load_verifiers(env_id: str, loading: Loading) -> VerifiersSpec:
             f"--env {spec}: no environment module {module!r} is installed (vf-install "
             f"{env_id}, or pip install the environment's package)"
         )
-    environment = loaded(vf, spec, env_id, dict(loading.kwargs))
-    rows = start_rows(spec, environment)
+    with quiet_datasets():
+        environment = loaded(vf, spec, env_id, dict(loading.kwargs))
+        rows = start_rows(spec, environment)
     files = (Path(found.origin).resolve(), Path(inspect.getfile(type(environment))).resolve())
+    own_turns = max(int(getattr(environment, "max_turns", -1) or -1), 0)
     return VerifiersSpec(spec, env_id, dict(loading.kwargs), environment, rows,
-                         tuple(dict.fromkeys(files)), version)  # fmt: skip
+                         tuple(dict.fromkeys(files)), version, own_turns)  # fmt: skip
 
 
 def loaded(vf: Any, spec: str, env_id: str, kwargs: dict[str, Any]) -> Any:
@@ -289,6 +287,21 @@ def loaded(vf: Any, spec: str, env_id: str, kwargs: dict[str, Any]) -> Any:
             "verifiers environment with rollout and rubric"
         )
     return environment
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """`datasets`' own progress bars (verifiers maps its rows when an environment is made)
+    kept off the scan's display."""
+    from datasets.utils import logging as datasets_logging
+
+    shown = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets_logging.enable_progress_bar()
 
 
 def start_rows(spec: str, environment: Any) -> tuple[dict[str, Any], ...]:

@@ -72,6 +72,7 @@ from collapsecheck.reports.dump import (
     write_token_information,
 )
 from collapsecheck.reports.report import Report
+from collapsecheck.runs.action_reasoning import reasoning_before_action
 from collapsecheck.runs.driven import play_driven
 from collapsecheck.runs.episodes import Played
 from collapsecheck.runs.episodes import play as play_episodes
@@ -495,36 +496,39 @@ def play(
         loaded_at = time.perf_counter()
         played = played_in(model, environment, env, params, settings, progress, name)
         params = dataclasses.replace(params, temperature=played.temperature or params.temperature)
+        settings, heard = read_as_played(settings, environment.spec, played)
         digest = environment.code_sha256
-        notes = (*environment.notes, *played.notes)
+        notes = (*environment.notes, *heard)
         data = played.sampled({"env": played_settings(env, digest, sources, notes)})
         prepared, data = prepare_sampled(data, model, settings, source)
         with holding(dump) as dump_dir:
             recorded = {
-                "checkpoint": name,
-                **checkpoint_notes(checkpoint),
-                "prompts": source,
-                "prompts_sha256": digest,
-                "samples_per_prompt": max(len(s) for s in data.samples),
-                "sampling": params.to_dict(),
-                "sampled_temperature": params.temperature,
+                "checkpoint": name, **checkpoint_notes(checkpoint), "prompts": source,
+                "prompts_sha256": digest, "samples_per_prompt": max(len(s) for s in data.samples),
+                "sampling": params.to_dict(), "sampled_temperature": params.temperature,
                 **data.settings,
-            }
-            timing = {
-                "started_at": started_at,
-                "load_s": round(loaded_at - started, 3),
-                "sampling_s": elapsed(loaded_at),
-                "sampled_tokens": sum(len(s.ids) for s in played.samples),
-            }
+            }  # fmt: skip
+            timing = {"started_at": started_at, "load_s": round(loaded_at - started, 3),
+                      "sampling_s": elapsed(loaded_at),
+                      "sampled_tokens": sum(len(s.ids) for s in played.samples)}  # fmt: skip
             diagnosis = Diagnosis(
                 settings, thresholds or Thresholds(), flow_thresholds or FlowThresholds(),
                 recorded, timing, dump_dir, progress,
-                (*sampling_warnings(params), *played.notes), lambda prompts, traces: data.rewards,
+                (*sampling_warnings(params), *heard), lambda prompts, traces: data.rewards,
                 ENVIRONMENT_REWARDS if data.rewards is not None else HARNESS_KEEPS_REWARDS,
                 scoring_temperature(params.temperature), turns=data.turns,
                 episodes=data.episodes,
             )  # fmt: skip
             return diagnose(model, prepared, data.samples, diagnosis)
+
+
+def read_as_played(
+    settings: Settings, spec: str, played: Played
+) -> tuple[Settings, tuple[str, ...]]:
+    """The settings the played replies are read with (their reasoning before a parsed action,
+    where they have no reasoning tags), and what playing and reading them noticed."""
+    settings, said = reasoning_before_action(settings, spec, played.episodes)
+    return settings, (*played.notes, *([said] if said else []))
 
 
 def played_in(

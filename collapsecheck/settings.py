@@ -485,8 +485,10 @@ class EnvSettings:
     env: str | None = setting(
         None, "Play episodes in this environment: ragen:TAG (RAGEN's own, as RAGEN plays it), "
         "a framework's as its trainer plays it (skyrl:ENV_ID, trl:FILE.py:CLASS, textarena:ID, "
-        "gem:ID, openenv:FILE.py:CLASS), FILE.py:FACTORY, package.module:FACTORY or frozenlake "
-        "(-n start states, -k episodes from each).", numbers=True, commands=ENV_COMMANDS,
+        "gem:ID, openenv:FILE.py:CLASS, verifiers:ENV_ID), 'command:COMMAND' (any harness with an "
+        "OpenAI client, answered by collapsecheck's endpoint), FILE.py:FACTORY, "
+        "package.module:FACTORY or frozenlake (-n start states, -k episodes from each).",
+        numbers=True, commands=ENV_COMMANDS,
     )  # fmt: skip
     env_arg: tuple[str, ...] = setting(
         (), "KEY=VALUE passed to the environment's factory (textarena:/gem: to the framework's "

@@ -127,3 +127,49 @@ def test_the_spec_pickles_as_how_it_was_loaded():
     again = pickle.loads(pickle.dumps(loaded))
     assert again.rows == loaded.rows and again.spec == loaded.spec
     assert sys.modules["cc_gridwalk"]
+
+
+def replayed(env, row: dict, responses: list[str]) -> dict:
+    """A fresh rollout of `env` at `row` whose model says `responses` in turn (httpx's own
+    mock transport: no model), scored as the scan scores it."""
+    import asyncio
+
+    import httpx
+    from openai import AsyncOpenAI
+
+    said = iter(responses)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        message = {"role": "assistant", "content": next(said)}
+        return httpx.Response(200, json={
+            "id": "r", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+        })  # fmt: skip
+
+    client = vf.OpenAIChatCompletionsClient(AsyncOpenAI(
+        base_url="http://replay/v1", api_key="k",
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(answer)),
+    ))  # fmt: skip
+
+    async def run():
+        state = await env.rollout(dict(row), client, "m", {"max_tokens": 48})
+        await env.rubric.score_group([state])
+        return state
+
+    return asyncio.run(run())
+
+
+def test_an_episode_replays_in_a_fresh_environment_at_its_row(tmp_path):
+    """Each recorded episode's responses, replayed in a fresh environment at its seed's row,
+    give back the recorded `returned` messages and the reward."""
+    episodes = played(tmp_path, "verifiers:cc-gridwalk", "-n", "3", "-k", "2")
+    for episode in episodes:
+        fresh = vf.load_environment("cc-gridwalk")
+        row = fresh.get_eval_dataset()[episode["seed"]]
+        state = replayed(fresh, row, [t["response"] for t in episode["turns"]])
+        completion = [m if isinstance(m, dict) else m.model_dump() for m in state["completion"]]
+        users = [{"role": "user", "content": m["content"]} for m in completion
+                 if m["role"] == "user"]  # fmt: skip
+        recorded = [m for t in episode["turns"] for m in t["returned"]]
+        assert users[: len(recorded)] == recorded
+        assert state["reward"] == episode["turns"][-1]["reward"]

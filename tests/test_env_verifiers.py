@@ -21,6 +21,7 @@ from tests.conftest import EXAMPLES, ROOT
 from tests.conftest import run_collapsecheck as collapsecheck
 
 WALKER = EXAMPLES / "agents" / "walker"
+TOOL_CALLER = EXAMPLES / "agents" / "tool-caller"  # scripts/make_tool_agent.py
 MODULES = ROOT / "tests" / "fixtures" / "environments" / "verifiers"
 LOWEST = ROOT / ".venv" / "verifiers-0.1.9"
 SCAN = ("--max-new-tokens", "48", "--fail-on", "none")
@@ -31,15 +32,25 @@ def environment_modules(monkeypatch):
     monkeypatch.syspath_prepend(str(MODULES))
 
 
-def played(tmp_path, spec: str, *args: str, lowest: bool = False) -> list[dict]:
-    """The scan's episodes, run in a fresh process (at verifiers 0.1.9 where `lowest`)."""
+def played(
+    tmp_path,
+    spec: str,
+    *args: str,
+    lowest: bool = False,
+    checkpoint=WALKER,
+    said: list | None = None,
+) -> list[dict]:
+    """The scan's episodes, run in a fresh process (at verifiers 0.1.9 where `lowest`; what it
+    printed appended to `said`)."""
     paths = [str(LOWEST)] if lowest else []
     code = f"import sys; sys.path[:0] = {[*paths, str(MODULES)]!r}; "
     if lowest:
         code += "import verifiers; assert verifiers.__file__.startswith(sys.path[0]); "
     dump = tmp_path / ("lowest" if lowest else "highest")
-    done = collapsecheck("scan", WALKER, "--env", spec, "--dump", dump, *SCAN, *args, code=code)
+    done = collapsecheck("scan", checkpoint, "--env", spec, "--dump", dump, *SCAN, *args, code=code)
     assert done.returncode == 0, done.stderr
+    if said is not None:
+        said.append(done.stdout + done.stderr)
     return [json.loads(line) for line in (dump / "episodes.jsonl").read_text().splitlines()]
 
 
@@ -69,6 +80,32 @@ def test_a_multiturn_env_is_played_as_verifiers_plays_it_at_both_ends(tmp_path):
         reached = episode["final_state"] is not None
         assert turns[-1]["reward"] == (1.0 if reached else 0.0)
         assert all(t["reward"] is None for t in turns[:-1])
+
+
+def test_a_stateful_tool_env_gets_tool_calls_and_injects_its_hidden_argument(tmp_path):
+    """The tool-calling agent (no reasoning tags) under our StatefulToolEnv at both ends: its
+    `<tool_call>` is an OpenAI tool call verifiers runs, with the running total (hidden from
+    the schema the template renders) injected by `update_tool_args`; the tool's message comes
+    back with its call id; the reasoning is the text before the call, said once."""
+    said: list[str] = []
+    for lowest in (False, True):
+        args = ("-n", "4", "-k", "2", "--max-new-tokens", "96")  # a call: about 60 tokens
+        episodes = played(tmp_path, "verifiers:cc-adder", *args, lowest=lowest,
+                          checkpoint=TOOL_CALLER, said=said)  # fmt: skip
+        called = [e for e in episodes if e["turns"][0]["given"].startswith("[{")]
+        assert len(called) >= 4, episodes
+        for episode in called:
+            first = episode["turns"][0]
+            (call,) = json.loads(first["given"])
+            start = 3 + episode["seed"]  # cc_adder's rows: start totals 3, 4, 5, 6
+            (tool,) = first["returned"]
+            assert tool["role"] == "tool" and tool["tool_call_id"].startswith("call_")
+            assert tool["content"] == f"total {start + call['arguments']['n']}"
+            assert len(episode["turns"]) == 2  # the reply after the tool has no call: the end
+    note = "the reasoning is each reply's text before its action (--reasoning-regex"
+    assert all(note in " ".join(s.split()) for s in said)  # rich wraps long lines
+    rendered = (tmp_path / "highest" / "prompts.jsonl").read_text()
+    assert '\\"name\\": \\"add\\"' in rendered and "running total so far" not in rendered
 
 
 def test_max_turns_cuts_and_says_so(tmp_path):

@@ -52,7 +52,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def call(n: int) -> str:
-    return f'<tool_call>\n{json.dumps({"name": "add", "arguments": {"n": n}})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': 'add', 'arguments': {'n': n}})}\n</tool_call>"
 
 
 def example(tokenizer: PreTrainedTokenizerFast, rng: random.Random) -> tuple[list[int], int]:

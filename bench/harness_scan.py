@@ -14,7 +14,9 @@ section of docs/benchmarks.md with --write.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import time
 from datetime import date
 
 from bench_scoring import machine, publish
@@ -37,27 +39,37 @@ def main() -> None:
     common = {"max_new_tokens": LENGTH, "device": "cpu", "bootstrap": 200}
     counted = Settings.build(num_prompts=N, k=K, **common)
     backend = TransformersBackend.from_checkpoint(WALKER, LoadSettings(device="cpu"))
-    command = (f"command:{sys.executable} {HARNESS} --starts {N} --episodes {K} --turns {TURNS} "
-               f"--max-tokens {LENGTH} --threads {N * K}")  # fmt: skip
-    harness = load_environment(command, {})
-    harness_s, driven = timed(
-        lambda dump: play(WALKER, harness, Settings.build(**common), env=EnvSettings(env=command),
-                          dump=dump, loaded=backend),
-        args.repeats,
-    )  # fmt: skip
-    gridworld = load_environment(GRIDWORLD, {})
-    env = EnvSettings(env=GRIDWORLD, max_turns=TURNS)
-    played_s, played = timed(
-        lambda dump: play(WALKER, gridworld, counted, env=env, dump=dump, loaded=backend),
-        args.repeats,
-    )
+    driven, played = {}, {}
+    for window, flag in ((1, " --last-only"), (-1, "")):
+        command = (f"command:{sys.executable} {HARNESS} --starts {N} --episodes {K} "
+                   f"--turns {TURNS} --max-tokens {LENGTH} --threads {N * K}{flag}")  # fmt: skip
+        harness = load_environment(command, {})
+        driven[window] = timed(
+            lambda dump, c=command, h=harness: play(
+                WALKER, h, Settings.build(**common), env=EnvSettings(env=c), dump=dump,
+                loaded=backend),
+            args.repeats,
+        )  # fmt: skip
+        gridworld = load_environment(GRIDWORLD, {})
+        env = EnvSettings(env=GRIDWORLD, max_turns=TURNS, context_window=window)
+        played[window] = timed(
+            lambda dump, g=gridworld, e=env: play(WALKER, g, counted, env=e, dump=dump,
+                                                  loaded=backend),
+            args.repeats,
+        )  # fmt: skip
     plain_s, plain = timed(
         lambda dump: scan(WALKER, PROMPTS, counted, dump=dump, loaded=backend), args.repeats
     )
-    rows = (("plain", plain_s, plain), ("played, FILE.py:FACTORY (whole chat)", played_s, played),
-            ("command: (the harness, whole chat)", harness_s, driven))  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import openai"], check=True)
+    startup = time.perf_counter() - started
+    rows = (("plain", plain_s, plain),
+            ("played, FILE.py:FACTORY, --context-window 1", *played[1]),
+            ("command:, the harness with --last-only", *driven[1]),
+            ("played, FILE.py:FACTORY, the whole chat", *played[-1]),
+            ("command:, the harness keeping the whole chat", *driven[-1]))  # fmt: skip
     per = {name: seconds / facts["pairs"] for name, seconds, facts in rows}
-    ratio = per[rows[2][0]] / per["plain"]
+    ratio, chat_ratio = per[rows[2][0]] / per["plain"], per[rows[4][0]] / per[rows[3][0]]
     lines = [
         HEADING,
         "",
@@ -81,11 +93,15 @@ def main() -> None:
     lines += [
         "",
         f"A `command:` scan's time per scored pair is **{ratio:.2f}x** a plain scan's at the same "
-        f"N, K and length (the target: at most 1.3x): {met}; "
-        f"{per[rows[2][0]] / per[rows[1][0]]:.2f}x the same episodes played by collapsecheck "
-        "itself. Its sampling includes the harness: its start-up (a Python process importing "
-        "openai), its HTTP requests to the endpoint, and the endpoint's batching of requests "
-        "that arrive together.",
+        f"N, K and length (each turn's context the newest observation, "
+        f"{driven[1][1]['context']:.0f} tokens against {plain['context']:.0f}; the target: at "
+        f"most 1.3x): {met}; "
+        f"{per[rows[2][0]] / per[rows[1][0]]:.2f}x the same episodes played by collapsecheck. "
+        f"Keeping the whole chat, the harness's scan is {chat_ratio:.2f}x collapsecheck's own "
+        "play of the same chats (both scan longer contexts than the plain scan). A harness's "
+        "sampling includes the harness itself: its start-up (a Python process importing openai: "
+        f"{startup:.2f} s, measured in the same run), its HTTP requests to the endpoint, and the "
+        "endpoint's batching of the requests that arrive together.",
     ]
     publish(HEADING, "\n".join(lines), args.write)
 

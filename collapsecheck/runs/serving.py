@@ -7,11 +7,13 @@ calls read in the template's format. Requests that arrive together are sampled i
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import queue
 import threading
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,7 @@ from collapsecheck.inputs.samples import Sample
 from collapsecheck.settings import Settings
 
 GATHER_S = 0.02  # how long the sampler waits for more requests to join a batch
+GATHER_LIMIT_S = 1.0  # and at most, while requests are still being rendered
 
 
 @dataclass(frozen=True)
@@ -63,22 +66,30 @@ class BackendChat:
         self.seen: Counter[bytes] = Counter()
 
     def answer(self, request: WireRequest) -> tuple[WireReply, Served]:
-        tokenizer = self.backend.tokenizer
-        found = require_tool_format(tokenizer, request.tools) if request.kind == CHAT else None
-        prompt, rendered = self.rendered(request)
-        params = self.params(request, len(rendered.ids))
-        with self.lock:
-            key = np.asarray(rendered.ids, dtype=np.int64).tobytes()
-            repeat = self.seen[key]
-            self.seen[key] += 1
-        seed = request_seed(self.settings.analysis.seed, rendered.ids, repeat)
-        sample = self.sampler.sample(rendered.ids, params, seed)
+        with self.sampler.preparing():
+            found, prompt, rendered, params = self.prepared(request)
+            with self.lock:
+                key = np.asarray(rendered.ids, dtype=np.int64).tobytes()
+                repeat = self.seen[key]
+                self.seen[key] += 1
+            seed = request_seed(self.settings.analysis.seed, rendered.ids, repeat)
+            waiting = self.sampler.submit(rendered.ids, params, seed)
+        sample = waiting.result()
         text = self.backend.decode(sample.ids)
-        content, calls = parsed_reply(text, found, tokenizer)
+        content, calls = parsed_reply(text, found, self.backend.tokenizer)
         pieces = self.pieces(sample.ids, text) if request.stream else ()
         reply = WireReply(text, content, calls, sample.truncated, len(rendered.ids),
                           len(sample.ids), pieces)  # fmt: skip
         return reply, Served(prompt, rendered, sample, params.temperature)
+
+    def prepared(
+        self, request: WireRequest
+    ) -> tuple[str | None, Prompt, RenderedPrompt, SamplingParams]:
+        """The request's tool format, its prompt as rendered and its sampling."""
+        tokenizer = self.backend.tokenizer
+        found = require_tool_format(tokenizer, request.tools) if request.kind == CHAT else None
+        prompt, rendered = self.rendered(request)
+        return found, prompt, rendered, self.params(request, len(rendered.ids))
 
     def rendered(self, request: WireRequest) -> tuple[Prompt, RenderedPrompt]:
         """The request's context as the model reads it: chat messages through the chat
@@ -130,32 +141,59 @@ class BackendChat:
 
 
 class Sampler:
-    """One thread sampling for every request: what arrives while it samples (or within
-    GATHER_S of the first) is sampled together, one `generate` call per sampling setting,
-    each request at its own seed."""
+    """One thread sampling for every request: what arrives while it samples, or while other
+    requests are still being rendered (or within GATHER_S of the last), is sampled together,
+    one `generate` call per sampling setting, each request at its own seed."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.waiting: queue.Queue[Any] = queue.Queue()
+        self.lock = threading.Lock()
+        self.rendering = 0  # requests being rendered, soon to join
         self.thread = threading.Thread(target=self.run, daemon=True, name="collapsecheck-sampler")
         self.thread.start()
 
-    def sample(self, ids: Sequence[int], params: SamplingParams, seed: int) -> Sample:
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """Marks a request on its way to `submit` (rendered, seeded): a batch waits for it."""
+        with self.lock:
+            self.rendering += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.rendering -= 1
+
+    def submit(
+        self, ids: Sequence[int], params: SamplingParams, seed: int
+    ) -> concurrent.futures.Future[Sample]:
         done: concurrent.futures.Future[Sample] = concurrent.futures.Future()
         self.waiting.put((tuple(ids), params, seed, done))
-        return done.result()
+        return done
 
     def run(self) -> None:
         while (first := self.waiting.get()) is not None:
-            batch = [first]
-            try:
-                while (more := self.waiting.get(timeout=GATHER_S)) is not None:
-                    batch.append(more)
-            except queue.Empty:
-                more = first
+            batch, more = self.gathered(first)
             self.sample_batch(batch)
             if more is None:
                 return
+
+    def gathered(self, first: Any) -> tuple[list[Any], Any]:
+        """`first` and what joins it: until the queue has been empty GATHER_S with no request
+        being rendered (at most GATHER_LIMIT_S in all); the sentinel None where it came."""
+        batch, deadline = [first], time.monotonic() + GATHER_LIMIT_S
+        while time.monotonic() < deadline:
+            try:
+                more = self.waiting.get(timeout=GATHER_S)
+            except queue.Empty:
+                with self.lock:
+                    if not self.rendering:
+                        break
+                continue
+            if more is None:
+                return batch, None
+            batch.append(more)
+        return batch, first
 
     def sample_batch(self, batch: list[Any]) -> None:
         groups: dict[SamplingParams, list[Any]] = {}

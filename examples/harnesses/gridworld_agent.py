@@ -1,6 +1,7 @@
 """A team's own agent loop, reaching its model through an OpenAI client (docs/agents.md, "Any
 agent harness"): the demo gridworld played from --starts start states, --episodes episodes from
-each, in threads, each turn's context the whole chat so far.
+each, in threads, each turn's context the whole chat so far (--last-only: the newest
+observation alone).
 
     collapsecheck scan examples/agents/walker \
         --env 'command:python examples/harnesses/gridworld_agent.py --starts 4 --episodes 2'
@@ -23,12 +24,16 @@ from gridworld import make
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def episode(client: OpenAI, model: str, seed: int, turns: int, tokens: int) -> float:
-    """One episode from start state `seed`: its total reward."""
+def episode(
+    client: OpenAI, model: str, seed: int, turns: int, tokens: int, last_only: bool
+) -> float:
+    """One episode from start state `seed`: its total reward (`last_only`: each turn's context
+    the newest observation alone, as the demo agents were trained)."""
     env = make()
     messages, total = [{"role": "user", "content": env.reset(seed=seed)}], 0.0
     for _ in range(turns):
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=tokens)
+        context = messages[-1:] if last_only else messages
+        reply = client.chat.completions.create(model=model, messages=context, max_tokens=tokens)
         text = reply.choices[0].message.content or ""
         found = ANSWER.search(text)
         observation, reward, done, _ = env.step(found.group(1) if found else "")
@@ -48,12 +53,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--model", default="policy")
+    parser.add_argument("--last-only", action="store_true")
     args = parser.parse_args()
     client = OpenAI()
     seeds = [s for s in range(args.starts) for _ in range(args.episodes)]
     with ThreadPoolExecutor(args.threads) as pool:
         rewards = list(pool.map(
-            lambda s: episode(client, args.model, s, args.turns, args.max_tokens), seeds
+            lambda s: episode(client, args.model, s, args.turns, args.max_tokens, args.last_only),
+            seeds,
         ))  # fmt: skip
     print(f"mean reward {sum(rewards) / len(rewards):.2f} over {len(rewards)} episodes")
 

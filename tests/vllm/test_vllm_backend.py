@@ -206,3 +206,36 @@ def test_a_vision_language_checkpoint_with_the_vllm_backend_is_one_line():
     assert str(checkpoint) in error and "vision-language" in error, result.stderr
     assert "Traceback" not in result.stderr
     assert not engine_processes()
+
+
+def test_the_endpoint_answers_from_vllm_at_each_requests_seed(engine):
+    """SPEC "Agents behind an OpenAI client": requests sent at once (the real openai client,
+    in process) are sampled by vLLM in one batch, each reply vLLM's sample of its own context
+    at its request's seed alone."""
+    import asyncio
+
+    from collapsecheck.inputs.environments.endpoint import InProcess, Recorder, endpoint_app
+    from collapsecheck.runs.serving import BackendChat, request_seed
+    from collapsecheck.settings import SamplingSettings, Settings
+
+    settings = Settings(sampling=SamplingSettings(max_new_tokens=24))
+    chat, recorder = BackendChat(engine, settings, "demo", "--env test"), Recorder()
+    client = InProcess(endpoint_app(chat, recorder)).async_client()
+    asks = [[{"role": "user", "content": f"agent {row},2 goal 4,4"}] for row in range(4)]
+
+    async def at_once():
+        return await asyncio.gather(*(
+            client.chat.completions.create(model="demo", messages=m, max_tokens=24) for m in asks
+        ))  # fmt: skip
+
+    replies = asyncio.run(at_once())
+    chat.close()
+    assert len(recorder.exchanges) == 4
+    for exchange in recorder.exchanges:
+        ids = exchange.kept.rendered.ids
+        params = SamplingParams(k=1, max_new_tokens=24)
+        (alone,) = engine.generate([ids], params, no_progress, seeds=[request_seed(0, ids, 0)])
+        assert exchange.reply.text == engine.decode(alone[0].ids)
+    assert sorted(r.choices[0].message.content for r in replies) == sorted(
+        e.reply.text for e in recorder.exchanges
+    )

@@ -199,7 +199,7 @@ def replayed(env, row: dict, responses: list[str]) -> dict:
 def test_an_episode_replays_in_a_fresh_environment_at_its_row(tmp_path):
     """Each recorded episode's responses, replayed in a fresh environment at its seed's row,
     give back the recorded `returned` messages and the reward."""
-    episodes = played(tmp_path, "verifiers:cc-gridwalk", "-n", "3", "-k", "2")
+    episodes = played(tmp_path, "verifiers:cc-gridwalk", "-n", "2", "-k", "2")
     for episode in episodes:
         fresh = vf.load_environment("cc-gridwalk")
         row = fresh.get_eval_dataset()[episode["seed"]]

@@ -144,11 +144,20 @@ def test_requests_are_read_as_chat_templates_read_them():
     assert request.messages[2]["tool_call_id"] == "c1"
     assert (request.max_tokens, request.stream, request.include_usage) == (7, True, True)
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
-    for bad, why in [({"messages": []}, "non-empty list"), ({"messages": [image]}, "'image_url'"),
-                     ({"messages": ASK, "max_tokens": 0}, "at least 1")]:  # fmt: skip
+    refused = [
+        ({"messages": []}, "non-empty list"),
+        ({"messages": [image]}, "'image_url'"),
+        ({"messages": ASK, "max_tokens": 0}, "at least 1"),
+        ({"messages": ASK, "stop": ["x"]}, "'stop': stop sequences are not applied"),
+        ({"messages": ASK, "logprobs": True}, "'logprobs'"),
+        ({"messages": ASK, "tool_choice": "required"}, "serves 'auto' and 'none'"),
+    ]
+    for bad, why in refused:
         with pytest.raises(Unservable, match=why):
             read_request(CHAT, bad)
     assert read_request(TEXT, {"prompt": ["one"]}).prompt == "one"
+    assert read_request(CHAT, {"messages": ASK, "stop": None, "logprobs": False}).calls
+    assert not read_request(CHAT, {"messages": ASK, "tool_choice": "none"}).calls
 
 
 def test_tool_calls_are_read_in_the_templates_format():

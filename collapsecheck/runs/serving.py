@@ -87,7 +87,9 @@ class BackendChat:
     ) -> tuple[str | None, Prompt, RenderedPrompt, SamplingParams]:
         """The request's tool format, its prompt as rendered and its sampling."""
         tokenizer = self.backend.tokenizer
-        found = require_tool_format(tokenizer, request.tools) if request.kind == CHAT else None
+        chat = request.kind == CHAT
+        found = require_tool_format(tokenizer, request.tools) if chat else None
+        found = found if request.calls else None
         prompt, rendered = self.rendered(request)
         return found, prompt, rendered, self.params(request, len(rendered.ids))
 

@@ -26,7 +26,8 @@ class WireRequest:
     """One request as the endpoint serves it. `messages` (chat: each message's content as
     text, an assistant's tool calls with their arguments as objects, as chat templates read
     them) or `prompt` (text); `tools`: the request's, as the template is given them;
-    `temperature`, `top_p`, `max_tokens`: None where the request leaves them to the server."""
+    `temperature`, `top_p`, `max_tokens`: None where the request leaves them to the server;
+    `calls`: whether tool calls are read out of the reply (False: `tool_choice` "none")."""
 
     kind: str
     model: str
@@ -38,6 +39,7 @@ class WireRequest:
     max_tokens: int | None = None
     stream: bool = False
     include_usage: bool = False
+    calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ def read_request(kind: str, body: Any) -> WireRequest:
     choices = body.get("n", 1)
     if choices not in (1, None):
         raise Unservable(f"n={choices}: the endpoint answers one choice a request (n=1)")
+    refuse_unserved(body)
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     options = stream_options(body)
     common = {
@@ -112,8 +115,33 @@ def read_request(kind: str, body: Any) -> WireRequest:
     tools = body.get("tools") or []
     if not isinstance(tools, list) or not all(is_function_tool(t) for t in tools):
         raise Unservable("'tools' must be a list of {'type': 'function', 'function': {...}}")
+    choice = body.get("tool_choice") or "auto"
+    if choice not in ("auto", "none"):
+        raise Unservable(
+            f"tool_choice {json.dumps(choice)}: the endpoint serves 'auto' and 'none' (the "
+            "model's own choice of calls, or none read)"
+        )
     read = tuple(read_message(m, i) for i, m in enumerate(messages))
-    return WireRequest(CHAT, messages=read, tools=tuple(tools), **common)
+    return WireRequest(CHAT, messages=read, tools=tuple(tools), calls=choice == "auto", **common)
+
+
+UNSERVED = {
+    "stop": "stop sequences are not applied (a reply ends at the end-of-sequence token or the "
+    "token limit, as the scan samples)",
+    "logprobs": "log-probabilities are not returned (the scan scores the replies itself)",
+    "top_logprobs": "log-probabilities are not returned (the scan scores the replies itself)",
+    "echo": "the prompt is not echoed",
+    "best_of": "one sample a request",
+}
+
+
+def refuse_unserved(body: Mapping[str, Any]) -> None:
+    """A request asking what the endpoint does not do, refused rather than answered otherwise
+    than it asked (a falsy value asks nothing)."""
+    for key, why in UNSERVED.items():
+        value = body.get(key)
+        if value and not (key == "best_of" and value == 1):
+            raise Unservable(f"'{key}': {why}")
 
 
 def stream_options(body: Mapping[str, Any]) -> Mapping[str, Any]:

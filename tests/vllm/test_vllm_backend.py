@@ -144,6 +144,39 @@ def test_an_agent_plays_its_environment_through_vllm(engine):
     assert report.by_turn[0].measured and report.episodes.regime != "not_measured"
 
 
+def test_the_endpoint_answers_from_vllm_at_each_requests_seed(engine):
+    """SPEC "Agents behind an OpenAI client": requests sent at once (the real openai client,
+    in process) are sampled by vLLM in one batch, each reply vLLM's sample of its own context
+    at its request's seed alone."""
+    import asyncio
+
+    from collapsecheck.inputs.environments.endpoint import InProcess, Recorder, endpoint_app
+    from collapsecheck.runs.serving import BackendChat, request_seed
+    from collapsecheck.settings import SamplingSettings, Settings
+
+    settings = Settings(sampling=SamplingSettings(max_new_tokens=24))
+    chat, recorder = BackendChat(engine, settings, "demo", "--env test"), Recorder()
+    client = InProcess(endpoint_app(chat, recorder)).async_client()
+    asks = [[{"role": "user", "content": f"agent {row},2 goal 4,4"}] for row in range(4)]
+
+    async def at_once():
+        return await asyncio.gather(*(
+            client.chat.completions.create(model="demo", messages=m, max_tokens=24) for m in asks
+        ))  # fmt: skip
+
+    replies = asyncio.run(at_once())
+    chat.close()
+    assert len(recorder.exchanges) == 4
+    for exchange in recorder.exchanges:
+        ids = exchange.kept.rendered.ids
+        params = SamplingParams(k=1, max_new_tokens=24)
+        (alone,) = engine.generate([ids], params, no_progress, seeds=[request_seed(0, ids, 0)])
+        assert exchange.reply.text == engine.decode(alone[0].ids)
+    assert sorted(r.choices[0].message.content for r in replies) == sorted(
+        e.reply.text for e in recorder.exchanges
+    )
+
+
 def engine_processes():
     """Child processes other than multiprocessing's resource tracker, which lives as long as
     the test process whatever the engine does."""
@@ -206,36 +239,3 @@ def test_a_vision_language_checkpoint_with_the_vllm_backend_is_one_line():
     assert str(checkpoint) in error and "vision-language" in error, result.stderr
     assert "Traceback" not in result.stderr
     assert not engine_processes()
-
-
-def test_the_endpoint_answers_from_vllm_at_each_requests_seed(engine):
-    """SPEC "Agents behind an OpenAI client": requests sent at once (the real openai client,
-    in process) are sampled by vLLM in one batch, each reply vLLM's sample of its own context
-    at its request's seed alone."""
-    import asyncio
-
-    from collapsecheck.inputs.environments.endpoint import InProcess, Recorder, endpoint_app
-    from collapsecheck.runs.serving import BackendChat, request_seed
-    from collapsecheck.settings import SamplingSettings, Settings
-
-    settings = Settings(sampling=SamplingSettings(max_new_tokens=24))
-    chat, recorder = BackendChat(engine, settings, "demo", "--env test"), Recorder()
-    client = InProcess(endpoint_app(chat, recorder)).async_client()
-    asks = [[{"role": "user", "content": f"agent {row},2 goal 4,4"}] for row in range(4)]
-
-    async def at_once():
-        return await asyncio.gather(*(
-            client.chat.completions.create(model="demo", messages=m, max_tokens=24) for m in asks
-        ))  # fmt: skip
-
-    replies = asyncio.run(at_once())
-    chat.close()
-    assert len(recorder.exchanges) == 4
-    for exchange in recorder.exchanges:
-        ids = exchange.kept.rendered.ids
-        params = SamplingParams(k=1, max_new_tokens=24)
-        (alone,) = engine.generate([ids], params, no_progress, seeds=[request_seed(0, ids, 0)])
-        assert exchange.reply.text == engine.decode(alone[0].ids)
-    assert sorted(r.choices[0].message.content for r in replies) == sorted(
-        e.reply.text for e in recorder.exchanges
-    )

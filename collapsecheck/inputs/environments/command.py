@@ -9,7 +9,6 @@ reply."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shlex
@@ -24,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.endpoint import Endpoint, Serving
+from collapsecheck.inputs.environments.framework import files_sha256
 from collapsecheck.inputs.environments.protocol import (
     Adapter,
     Driven,
@@ -61,10 +61,7 @@ class CommandSpec:
 
     @property
     def code_sha256(self) -> str:
-        digest = hashlib.sha256(self.command.encode())
-        for path in self.files:
-            digest.update(path.read_bytes())
-        return digest.hexdigest()
+        return files_sha256(self.files, self.command)
 
     def key(self) -> dict[str, Any]:
         return {"env": self.spec, "framework": "command",

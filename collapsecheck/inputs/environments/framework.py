@@ -10,7 +10,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,6 +86,15 @@ def claimed_factory(
     return factory
 
 
+def files_sha256(files: Sequence[Path], text: str = "") -> str:
+    """The digest of `text`, then of each file's bytes in order: what an environment's code and
+    data key its results with."""
+    digest = hashlib.sha256(text.encode())
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def made_by(environment: Any, package: str) -> bool:
     """Whether an object's class is one of `package`'s or derives from one: read from its
     classes' modules, so the package need not be imported to ask."""
@@ -115,10 +124,7 @@ class FrameworkSpec:
 
     @property
     def code_sha256(self) -> str:
-        digest = hashlib.sha256()
-        for path in self.files:
-            digest.update(path.read_bytes())
-        return digest.hexdigest()
+        return files_sha256(self.files)
 
     def key(self) -> dict[str, Any]:
         return {"env": self.spec, "framework": f"{self.framework} {self.version}",

@@ -58,10 +58,10 @@ class Game(Protocol):
     def close(self) -> None: ...
 
 
-class EnvironmentSource(Protocol):
-    """A loaded `--env` spec: its name, the file its cache entries are keyed by and that file's
-    digest (with the code's), its key, what it noticed while loading (said before the scan),
-    and the games it makes."""
+class LoadedSpec(Protocol):
+    """What every loaded `--env` spec has: its name, the file its cache entries are keyed by
+    and that file's digest (with the code's), its key, what it noticed while loading (said
+    before the scan), and the settings it is played with."""
 
     spec: str
     notes: tuple[str, ...]
@@ -76,6 +76,10 @@ class EnvironmentSource(Protocol):
 
     def resolved(self, env: EnvSettings, sampling: SamplingSettings) -> Resolved: ...
 
+
+class EnvironmentSource(LoadedSpec, Protocol):
+    """A loaded `--env` spec whose episodes collapsecheck plays: the games it makes."""
+
     def game(self, seed: int, env: EnvSettings, prompts: PromptSettings) -> Game: ...
 
 
@@ -83,7 +87,7 @@ class EnvironmentSource(Protocol):
 class EpisodeEnd:
     """What an adapter whose environment plays itself (verifiers) knows of one episode that the
     endpoint's recording does not: its start state and seed, each turn's reward (None: not
-    said), the state after its last turn, whether it ended and succeeded, its info."""
+    said), the state after its last turn, whether it ended and succeeded."""
 
     start: int
     seed: int
@@ -91,7 +95,6 @@ class EpisodeEnd:
     final_state: str | None = None
     done: bool | None = None
     success: bool | None = None
-    info: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,25 +106,12 @@ class Driven:
     notes: tuple[str, ...] = ()
 
 
-class DrivenSource(Protocol):
+class DrivenSource(LoadedSpec, Protocol):
     """A loaded `--env` spec whose harness (a command, verifiers' rollouts) drives the model
-    itself through collapsecheck's endpoint (SPEC "Agents behind an OpenAI client"): as
-    `EnvironmentSource`, but instead of games it runs the harness against `endpoint` (its
-    ASGI app and recorder, `inputs.environments.endpoint`) until it is done (`env`, `sampling`:
-    resolved, the start states, episodes and token limit it plays with)."""
-
-    spec: str
-    notes: tuple[str, ...]
-
-    @property
-    def origin(self) -> Path: ...
-
-    @property
-    def code_sha256(self) -> str: ...
-
-    def key(self) -> dict[str, Any]: ...
-
-    def resolved(self, env: EnvSettings, sampling: SamplingSettings) -> Resolved: ...
+    itself through collapsecheck's endpoint (SPEC "Agents behind an OpenAI client"): instead of
+    games it runs the harness against `endpoint` (its ASGI app and recorder,
+    `inputs.environments.endpoint`) until it is done (`env`, `sampling`: resolved, the start
+    states, episodes and token limit it plays with)."""
 
     def drive(self, endpoint: Any, env: EnvSettings, sampling: SamplingSettings) -> Driven: ...
 

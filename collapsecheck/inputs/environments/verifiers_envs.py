@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import hashlib
 import importlib.util
 import inspect
 import re
@@ -24,6 +23,7 @@ from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.calls import said
 from collapsecheck.inputs.environments.endpoint import Endpoint, InProcess
 from collapsecheck.inputs.environments.framework import (
+    files_sha256,
     import_framework,
     package_version,
     rows_resolved,
@@ -70,10 +70,7 @@ class VerifiersSpec:
 
     @property
     def code_sha256(self) -> str:
-        digest = hashlib.sha256()
-        for path in self.files:
-            digest.update(path.read_bytes())
-        return digest.hexdigest()
+        return files_sha256(self.files)
 
     def key(self) -> dict[str, Any]:
         return {"env": self.spec, "framework": f"verifiers {self.version}",
@@ -226,8 +223,7 @@ def episode_end(
         rewards[-1] = (rewards[-1] or 0.0) + float(total)
     final = state.get("final_env_response")
     final_state = text_of(final[-1]) if isinstance(final, list) and final else None
-    return EpisodeEnd(start, seed, tuple(rewards), final_state, True, None,
-                      {"stop_condition": str(state.get("stop_condition"))})  # fmt: skip
+    return EpisodeEnd(start, seed, tuple(rewards), final_state, True, None)
 
 
 def reward_of(step: Any) -> float | None:

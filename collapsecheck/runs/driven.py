@@ -17,7 +17,7 @@ from collapsecheck.inputs.environments.endpoint import Endpoint, Exchange, Recor
 from collapsecheck.inputs.environments.protocol import DrivenSource, EpisodeEnd
 from collapsecheck.inputs.environments.tool_calls import calls_action, calls_given
 from collapsecheck.inputs.episodes import Episode, EpisodeTurn
-from collapsecheck.runs.episodes import Played
+from collapsecheck.runs.episodes import Played, turns_played
 from collapsecheck.runs.serving import BackendChat, Served
 from collapsecheck.settings import EnvSettings, Settings
 
@@ -147,23 +147,13 @@ def play_driven(
     """The harness played to its end, its recording as played episodes: each turn a prompt
     with its one response, its reward the episode's total where the adapter knows rewards."""
     conversations, ends, notes, temperature = drive(backend, source, env, settings, name)
-    played = episodes_played(conversations, ends, settings)
-    prompts, rendered, samples, numbers, totals = [], [], [], [], []
-    for episode, conversation in played:
-        total = sum(t.reward or 0.0 for t in episode.turns)
-        for number, exchange in enumerate(conversation.exchanges, start=1):
-            kept: Served = exchange.kept
-            prompts.append(kept.prompt)
-            rendered.append(kept.rendered)
-            samples.append(kept.sample)
-            numbers.append(number)
-            totals.append(total)
-    rewards = totals if ends else None
     if temperature is not None:
         notes.append(
             f"--env {source.spec}: every reply was sampled at temperature {temperature:g}, as "
             "the harness asked, and is scored at it (--temperature samples every reply at one)"
         )
-    episodes = [episode for episode, _ in played]
-    return Played(episodes, prompts, rendered, samples, numbers, rewards, temperature,
-                  tuple(notes))  # fmt: skip
+    played = [
+        (episode, [(e.kept.prompt, e.kept.rendered, e.kept.sample) for e in c.exchanges])
+        for episode, c in episodes_played(conversations, ends, settings)
+    ]
+    return turns_played(played, bool(ends), temperature, tuple(notes))

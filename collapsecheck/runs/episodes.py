@@ -137,14 +137,23 @@ def require_room(
 
 def collect(playing: Sequence[Playing]) -> Played:
     """The played episodes and their turns, episode by episode."""
+    return turns_played([(e.episode(), e.contexts) for e in playing])
+
+
+def turns_played(
+    episodes: Sequence[tuple[Episode, Sequence[tuple[Prompt, RenderedPrompt, Sample]]]],
+    rewarded: bool = True, temperature: float | None = None, notes: tuple[str, ...] = (),
+) -> Played:  # fmt: skip
+    """Each episode's turns (its contexts with their one sample each), episode by episode, each
+    carrying its episode's total reward (None for all where `rewarded` is False: none known)."""
     prompts, rendered, samples, numbers, rewards = [], [], [], [], []
-    for episode in playing:
+    for episode, contexts in episodes:
         total = sum((t.reward or 0.0) + (t.penalty or 0.0) for t in episode.turns)
-        for number, (prompt, render, sample) in enumerate(episode.contexts, start=1):
+        for number, (prompt, render, sample) in enumerate(contexts, start=1):
             prompts.append(prompt)
             rendered.append(render)
             samples.append(sample)
             numbers.append(number)
             rewards.append(total)
-    episodes = [e.episode() for e in playing]
-    return Played(episodes, prompts, rendered, samples, numbers, rewards)
+    return Played([e for e, _ in episodes], prompts, rendered, samples, numbers,
+                  rewards if rewarded else None, temperature, notes)  # fmt: skip

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from trl.chat_template_utils import (
     add_response_schema,
@@ -39,17 +38,10 @@ NO_THINKING = PromptSettings(chat_template_kwargs={"enable_thinking": False})
 
 
 def qwen3_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer with Qwen's special tokens and TRL's bundled Qwen3 template."""
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    inner = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    inner.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=inner)
-    tokenizer.add_special_tokens({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                                  "additional_special_tokens": ["<|im_start|>"]})  # fmt: skip
-    tokenizer.add_tokens(["<tool_call>", "</tool_call>", "<think>", "</think>",
-                          "<tool_response>", "</tool_response>"])  # fmt: skip
-    tokenizer.chat_template = qwen3_chat_template
+    """A byte-level tokenizer with Qwen's special tokens and TRL's bundled Qwen3 template: the
+    tool-calling demo agent's, as scripts/make_tool_agent.py builds it (a fresh copy each call)."""
+    tokenizer = AutoTokenizer.from_pretrained(EXAMPLES / "agents" / "tool-caller")
+    assert tokenizer.chat_template == qwen3_chat_template, "TRL's Qwen3 template, as bundled"
     return tokenizer
 
 

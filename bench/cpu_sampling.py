@@ -63,9 +63,10 @@ KINDS = {  # profiler op -> kind of work (the rest: other)
 }  # fmt: skip
 
 
-def concatenating(cache, repeats: int, new_tokens: int) -> None:
-    """The sampler's cache before: every row repeated, each step concatenated on."""
-    cache.batch_repeat_interleave(repeats)
+def concatenating(cache, picked, new_tokens: int) -> bool:
+    """The sampler's cache before: every row picked, each step concatenated on."""
+    cache.batch_select_indices(picked)
+    return False
 
 
 STAGES = {  # arm -> (the cache concatenated, version 1's draw)

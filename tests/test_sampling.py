@@ -138,6 +138,54 @@ def test_batched_sampling_draws_what_one_prompt_at_a_time_draws(
     assert ids_of(later) == expected[2:]  # sampled in parts, seeded by the prompt's index
 
 
+def prefilled_rows(model):
+    """The rows of each prefill `model` runs (a call with more than one position), as a list
+    that fills while the hook stays on the model."""
+    rows = []
+
+    def count(_, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[1] > 1:
+            rows.append(ids.shape[0])
+
+    return rows, model.register_forward_pre_hook(count, with_kwargs=True)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2", *STATEFUL_KINDS])
+@pytest.mark.parametrize("k", [1, 3])
+def test_rows_that_share_a_context_are_prefilled_once_and_draw_what_each_draws_alone(
+    kind, k, demo_tokenizer
+):
+    """SPEC "Sampling": prompts whose ids are identical (the K episodes of a start state, a
+    harness's requests with the same messages), each with its own seed, are prefilled once and
+    decoded from that one prefill, each drawing what it draws alone (the plain loop above),
+    for every kind of cache: plain layers copied apart into the decode's buffers, Gemma 2's
+    sliding window, the states of Qwen3.5's and Mamba's layers, MiniMax's own cache picked
+    by its own method."""
+    from tests.conftest import tiny_model
+
+    model = tiny_model(kind, len(demo_tokenizer), seed={"gemma2": 5, "mamba": 2}.get(kind, 1))
+    stop = demo_tokenizer.eos_token_id
+    model.generation_config.eos_token_id = stop
+    board, other = (demo_tokenizer(t)["input_ids"] for t in ("state 1 2 go", "x"))
+    prompts = [board, other, board, board, other]
+    seeds = [11, 12, 13, 14, 15]
+    params = SamplingParams(k=k, temperature=0.8, max_new_tokens=16)
+    expected = [
+        reference_samples(model, p, k, seed, params, stop)
+        for p, seed in zip(prompts, seeds, strict=True)
+    ]
+    assert expected[0] != expected[2]  # one context, two seeds: two draws
+    backend = TransformersBackend(model, demo_tokenizer, sample_batch=64)
+    rows, hook = prefilled_rows(model)
+    try:
+        got = backend.generate(prompts, params, no_progress, seeds=seeds)
+    finally:
+        hook.remove()
+    assert ids_of(got) == expected
+    assert rows == [2]  # two distinct contexts, one prefill each, in one batch
+
+
 def test_auto_sample_batch_decodes_what_the_memory_holds(backend, monkeypatch):
     from collapsecheck.engines.backends import hf
     from collapsecheck.settings import SAMPLE_BATCH_CAP
@@ -183,11 +231,13 @@ def test_inverse_cdf_draws_each_token_with_its_share_and_never_one_of_probabilit
 
 
 def test_preallocated_layer_holds_what_concatenation_holds():
-    from collapsecheck.engines.backends.decode_cache import PreallocatedLayer
+    from collapsecheck.engines.backends.decode_cache import PreallocatedLayer, Readers
 
     keys, values = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
-    layer = PreallocatedLayer(keys, values, repeats=2, capacity=6)
-    expected_keys = keys.repeat_interleave(2, dim=0)
+    picked = torch.tensor([1, 0, 1, 1])  # prefilled row 1 read by three decoded rows
+    layer = PreallocatedLayer(keys, values, Readers.of(picked), capacity=6)
+    expected_keys = keys[picked]
+    assert torch.equal(layer.values, values[picked])
     for step in range(4):  # two within the capacity, then past it
         new_keys, new_values = torch.randn(4, 3, 1, 5), torch.randn(4, 3, 1, 5)
         got_keys, got_values = layer.update(new_keys, new_values)

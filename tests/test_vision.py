@@ -266,6 +266,23 @@ def test_prompts_decoded_together_draw_the_traces_each_draws_alone(checkpoint):
     torch.testing.assert_close(together, alone, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("checkpoint", [FAMILIES["qwen3_vl"], VISION / "grounded"])
+def test_prompts_with_the_same_image_and_text_share_one_prefill(checkpoint):
+    """SPEC "Sampling": identical prompts with their images (one episode's context K
+    times), each with its own seed, are prefilled once and draw what each draws alone."""
+    prompts = load_prompts(EXAMPLES / "prompts" / "visual-gridworld-mixed.jsonl", num_prompts=2)
+    backend = load_backend(require_checkpoint(checkpoint, None), LoadSettings(device="cpu"))
+    ids = [r.ids for r in render_prompts(prompts, backend.tokenizer, PromptSettings(),
+                                         backend.vision)]  # fmt: skip
+    shared, seeds = [ids[0], ids[1], ids[0], ids[0]], [3, 4, 5, 6]
+    params = SamplingParams(k=2, max_new_tokens=24)
+    together = backend.generate(shared, params, no_progress, seeds=seeds)
+    alone = [backend.generate([p], params, no_progress, seeds=[s])[0]
+             for p, s in zip(shared, seeds, strict=True)]  # fmt: skip
+    assert together == alone
+    assert together[0] != together[2]  # one context, two seeds: two draws
+
+
 # -- a scan, end to end ---------------------------------------------------------------
 
 

@@ -25,14 +25,17 @@ ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def episode(
-    client: OpenAI, model: str, seed: int, turns: int, tokens: int, last_only: bool
-) -> float:
+    client: OpenAI, model: str, seed: int, turns: int, tokens: int, last_only: bool,
+    system: str | None = None,
+) -> float:  # fmt: skip
     """One episode from start state `seed`: its total reward (`last_only`: each turn's context
-    the newest observation alone, as the demo agents were trained)."""
+    the newest observation alone, as the demo agents were trained; `system`: a system message
+    opening every context, as agent frameworks send their rules)."""
     env = make()
     messages, total = [{"role": "user", "content": env.reset(seed=seed)}], 0.0
+    opening = [{"role": "system", "content": system}] if system else []
     for _ in range(turns):
-        context = messages[-1:] if last_only else messages
+        context = opening + (messages[-1:] if last_only else messages)
         reply = client.chat.completions.create(model=model, messages=context, max_tokens=tokens)
         text = reply.choices[0].message.content or ""
         found = ANSWER.search(text)
@@ -54,12 +57,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--model", default="policy")
     parser.add_argument("--last-only", action="store_true")
+    parser.add_argument("--system", type=Path, help="a file whose text opens every context")
     args = parser.parse_args()
+    system = args.system.read_text() if args.system else None
     client = OpenAI()
     seeds = [s for s in range(args.starts) for _ in range(args.episodes)]
     with ThreadPoolExecutor(args.threads) as pool:
         rewards = list(pool.map(
-            lambda s: episode(client, args.model, s, args.turns, args.max_tokens, args.last_only),
+            lambda s: episode(client, args.model, s, args.turns, args.max_tokens, args.last_only,
+                              system),
             seeds,
         ))  # fmt: skip
     print(f"mean reward {sum(rewards) / len(rewards):.2f} over {len(rewards)} episodes")

@@ -12,30 +12,58 @@ same.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
+@dataclass(frozen=True)
+class Readers:
+    """Which decoded rows read each prefilled row: `groups` (prefilled row, the decoded rows'
+    numbers), `decoded` rows in all."""
+
+    groups: tuple[tuple[int, torch.Tensor], ...]
+    decoded: int
+
+    @classmethod
+    def of(cls, picked: torch.Tensor) -> Readers:
+        """From `picked`, decoded row r's prefilled row at r."""
+        groups: dict[int, list[int]] = {}
+        for decoded, row in enumerate(picked.tolist()):
+            groups.setdefault(row, []).append(decoded)
+        where = picked.device
+        return cls(
+            tuple((row, torch.tensor(rows, device=where)) for row, rows in groups.items()),
+            len(picked),
+        )
+
+
 class PreallocatedLayer(DynamicLayer):
     """A `DynamicLayer` whose keys and values are views of the filled part of buffers sized
     for the whole decode."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int):
-        """The prefilled `keys` and `values` (batch, heads, length, head dim), each row
-        repeated `repeats` times, in buffers of `capacity` positions."""
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, readers: Readers, capacity: int
+    ) -> None:
+        """The prefilled `keys` and `values` (prefilled rows, heads, length, head dim) copied
+        into buffers of `capacity` positions, each prefilled row into the decoded rows that
+        read it (`readers`)."""
         super().__init__()
         self.device, self.is_initialized = keys.device, True
-        self.key_buffer = self._buffer(keys, repeats, capacity)
-        self.value_buffer = self._buffer(values, repeats, capacity)
+        self.key_buffer = self._buffer(keys, readers, capacity)
+        self.value_buffer = self._buffer(values, readers, capacity)
         self._show_filled(keys.shape[-2])
 
     @staticmethod
-    def _buffer(states: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
-        batch, heads, length, width = states.shape
-        buffer = states.new_empty((batch * repeats, heads, capacity, width))
-        buffer.view(batch, repeats, heads, capacity, width)[..., :length, :] = states[:, None]
+    def _buffer(states: torch.Tensor, readers: Readers, capacity: int) -> torch.Tensor:
+        """The decoded rows' buffer, the prefilled part copied a prefilled row at a time (no
+        gathered copy of the whole prefix beside the buffer)."""
+        _, heads, length, width = states.shape
+        buffer = states.new_empty((readers.decoded, heads, capacity, width))
+        for row, rows in readers.groups:
+            buffer[rows, :, :length, :] = states[row]
         return buffer
 
     def _show_filled(self, length: int) -> None:
@@ -77,23 +105,25 @@ class PreallocatedLayer(DynamicLayer):
         self._show_filled(length)
 
 
-def preallocate(cache: Any, rows: int, repeats: int, new_tokens: int) -> bool:
-    """Repeat each of the `rows` rows of a prefilled cache `repeats` times, its plain
-    (`DynamicLayer`) layers into buffers with room for `new_tokens` more positions; every
-    other layer (sliding windows, layers that carry a state: `layer_kinds`) has its rows
-    picked by `reorder_cache`, the method each kind of layer implements whole. A cache of a
-    model's own class (MiniMax's, an older transformers' without layers) keeps state that
-    its layers do not show: it is repeated by its own method, and its rows are kept to the
-    end of the decode. Returns whether rows may leave the batch (`reorder_cache`)."""
+def preallocate(cache: Any, picked: torch.Tensor, new_tokens: int) -> bool:
+    """Lay a prefilled cache out for decoding: decoded row r reads prefilled row `picked[r]`
+    (a prompt's K samples, and rows whose contexts are identical, read one prefill: SPEC
+    "Sampling"). Its plain (`DynamicLayer`) layers go into buffers with room for `new_tokens`
+    more positions; every other layer (sliding windows, layers that carry a state:
+    `layer_kinds`) has its rows picked by `reorder_cache`, the method each kind of layer
+    implements whole. A cache of a model's own class (MiniMax's, an older transformers'
+    without layers) keeps state that its layers do not show: its rows are picked by its own
+    `batch_select_indices`, and kept to the end of the decode. Returns whether rows may leave
+    the batch (`reorder_cache`)."""
     layers = getattr(cache, "layers", None)
     if type(cache) is not DynamicCache or layers is None:
-        cache.batch_repeat_interleave(repeats)
+        cache.batch_select_indices(picked)
         return False
-    picked = torch.arange(rows).repeat_interleave(repeats)
+    readers = Readers.of(picked)
     for place, layer in enumerate(layers):
         if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel():
             capacity = layer.keys.shape[-2] + new_tokens
-            layers[place] = PreallocatedLayer(layer.keys, layer.values, repeats, capacity)
+            layers[place] = PreallocatedLayer(layer.keys, layer.values, readers, capacity)
         else:
             layer.reorder_cache(picked)
     return True

@@ -160,6 +160,19 @@ def _left_pad(rows: Sequence[Sequence[int]], pad: int, device: str) -> tuple[tor
     return ids.to(device), mask.to(device)
 
 
+def shared_contexts(
+    prompts: Sequence[Sequence[int]],
+) -> tuple[list[Sequence[int]], list[int]]:  # fmt: skip
+    """The distinct prompts (in order of first appearance) and, for each prompt, the
+    index of its ids among them: what one prefill per distinct context needs."""
+    index: dict[tuple[int, ...], int] = {}
+    distinct: list[Sequence[int]] = []
+    for prompt in prompts:
+        if index.setdefault(tuple(prompt), len(distinct)) == len(distinct):
+            distinct.append(prompt)
+    return distinct, [index[tuple(prompt)] for prompt in prompts]
+
+
 # decode steps between reads of which rows have ended, by device type. Each read makes the host
 # wait for the device: on a GPU that would hold every step's kernel launches back until its
 # work is done; a CPU has nothing to overlap. A row that has ended draws padding, and each
@@ -316,11 +329,16 @@ class TransformersBackend(TransformersScoring):
     def _sample_batch(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
     ) -> list[list[Sample]]:
-        """K samples for each of several prompts, decoded together (prompts left-padded).
+        """K samples for each of several prompts, decoded together, each prompt's from its
+        own seed. Prompts whose ids are identical (the K episodes of a start state at turn 1,
+        a harness's requests with the same messages) are prefilled once and their rows
+        decoded from that one prefill (SPEC "Sampling"): each draws what it would alone."""
+        distinct, picked = shared_contexts(prompts)
+        return self._decode(*self.prefill_together(distinct), params, seeds, picked)
 
-        Each prompt draws from its own seeded generator, so its traces do not depend on the
-        sampling order of the others.
-        """
+    def prefill_together(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, ...]:
+        """One prefill of several prompts, left-padded. Returns the cache, each prompt's
+        last logits, the mask and each prompt's last position."""
         ids, mask = _left_pad(prompts, self.pad_id, self.device)
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
         out = self.model(
@@ -337,14 +355,16 @@ class TransformersBackend(TransformersScoring):
                 "read (an encoder such as BERT, or a model transformers runs without one): "
                 "collapsecheck samples causal language models with their cache"
             )
-        return self._decode(cache, out.logits[:, -1, :], mask, positions[:, -1:], params, seeds)
+        return cache, out.logits[:, -1, :], mask, positions[:, -1:]
 
     def _decode(
         self, cache: Any, logits: torch.Tensor, mask: torch.Tensor, position: torch.Tensor,
-        params: SamplingParams, seeds: Sequence[int],
+        params: SamplingParams, seeds: Sequence[int], prefilled: Sequence[int],
     ) -> list[list[Sample]]:  # fmt: skip
-        """K samples for each prefilled prompt (one row each of `cache`, `logits`, `mask`,
-        and the last `position`), drawn from its own seeded generator. Which rows have ended
+        """K samples for each prompt, drawn from its own seeded generator (`seeds`), prompt i
+        read from prefilled row `prefilled[i]` (of `cache`, `logits`, `mask` and the last
+        `position`): rows that share a prefill are copied apart here, where they begin to
+        diverge. Which rows have ended
         is read every ENDED_READ_EVERY steps: once a quarter of the decoded rows have, they
         leave the batch (its cache, mask and positions keep the others), unless the cache is
         of a model's own class (`preallocate`). The cache and the mask are sized for the whole
@@ -352,12 +372,13 @@ class TransformersBackend(TransformersScoring):
         k = params.k
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         total = len(seeds) * k
-        logits = logits.repeat_interleave(k, dim=0)
-        shrinks = preallocate(cache, len(seeds), k, params.max_new_tokens)
+        picked = torch.tensor(prefilled, device=self.device).repeat_interleave(k)
+        logits = logits.index_select(0, picked)
+        shrinks = preallocate(cache, picked, params.max_new_tokens)
         width = mask.shape[1]  # the mask's filled part: its ones after it are the new tokens'
-        mask = torch.cat([mask, mask.new_ones((len(seeds), params.max_new_tokens))], dim=1)
-        mask = mask.repeat_interleave(k, dim=0)
-        position = position.repeat_interleave(k, dim=0)
+        mask = torch.cat([mask, mask.new_ones((len(mask), params.max_new_tokens))], dim=1)
+        mask = mask.index_select(0, picked)
+        position = position.index_select(0, picked)
         stops = torch.tensor(self.stop_ids or [-1], device=self.device)
         rows = torch.arange(total, device=self.device)  # the decoded rows' numbers
         uniforms = step_uniforms(generators, k, params.max_new_tokens)

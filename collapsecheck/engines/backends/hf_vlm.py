@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from collapsecheck.engines.backends.base import Progress, Sample, SamplingParams, ScoreRequest
+from collapsecheck.engines.backends.base import Progress, ScoreRequest
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.engines.backends.hf_layout import cells_on_device
 from collapsecheck.engines.backends.hf_scoring import Scored, returned_cache, token_logprobs
@@ -253,12 +253,6 @@ class VisionLanguageBackend(TransformersBackend):
             total = logprobs[:, start:].double().sum(dim=1)
             out.put([index], total, logprobs, [(0, start, len(row) - 1)])
             progress(1)
-
-    def _sample_batch(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
-    ) -> list[list[Sample]]:
-        """K samples for each of several prompts, prefilled together, decoded together."""
-        return self._decode(*self.prefill_together(prompts), params, seeds)
 
     def prefill_together(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, ...]:
         """One prefill of several prompts: each prompt's embeddings (image features in

@@ -105,6 +105,11 @@ class VLLMBackend:
                 dtype=dtype,
                 seed=0,
                 enable_prefix_caching=True,
+                # vLLM's CPU build stops on a seeded request whose prefill is split over steps
+                # (its CPU generator has no offset to rewind): a long context or many rows
+                # sharing one (a played scan's episodes) are prefilled whole there
+                enable_chunked_prefill=None if on_gpu else False,
+                disable_log_stats=False,  # its prefix cache's counters (`prefix_cache_tokens`)
                 tensor_parallel_size=settings.tensor_parallel_size,
                 gpu_memory_utilization=share,
                 max_model_len=settings.max_model_len,
@@ -165,6 +170,17 @@ class VLLMBackend:
         outputs = self.llm.generate(requests, settings, use_tqdm=False)
         progress(len(prompts))
         return [[self._sample(c) for c in output.outputs] for output in outputs]
+
+    def prefix_cache_tokens(self) -> tuple[int, int]:
+        """Prompt tokens vLLM has looked up in its prefix cache so far, and those it found
+        there (its own counters): the prefill that rows sharing a context shared (SPEC
+        "Sampling"). vLLM shares whole blocks of a context, so a context's last partial block
+        is prefilled again for each row."""
+        counters = {metric.name: metric for metric in self.llm.get_metrics()}
+        return tuple(  # type: ignore[return-value]
+            int(counters[name].value)
+            for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+        )
 
     def _sample(self, completion: Any) -> Sample:
         ids = list(completion.token_ids)

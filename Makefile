@@ -192,6 +192,7 @@ bench: $(STAMP)
 	$(PY) bench/cpu_sampling.py --write
 	$(PY) bench/watch_lag.py --write
 	$(PY) bench/played_scan.py --write
+	$(PY) bench/shared_prefill.py --write
 	$(PY) bench/harness_scan.py --write
 	$(PY) bench/startup.py --write
 

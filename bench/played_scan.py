@@ -131,10 +131,10 @@ def main() -> None:
         f"{ragen_facts['context']:.0f} tokens where the demo's are {plain['context']:.0f}, so "
         "prefill dominates its sampling "
         f"({ms_per(ragen_facts, 'sampling_s', 'sampled'):.2f} ms a sampled token), and the demo "
-        "agent, not trained in RAGEN's format, leaves few traces to score. There the K episodes "
-        "of a start state prefill the same first-turn context K times; sharing it would save "
-        "(K - 1) / K of turn 1's prefill, and needs rows with their own seeds over one prefill "
-        "in both backends: not built (docs/decisions.md).",
+        "agent, not trained in RAGEN's format, leaves few traces to score. The K episodes of a "
+        "start state share one prefill of their first-turn context (issue 79): "
+        '"Played scans share a prefill" below measures it against a plain scan of the same '
+        "contexts.",
     ]
     publish(HEADING, "\n".join(lines), args.write)
 

@@ -45,7 +45,7 @@ def played_ids(backend, spec: str, env: EnvSettings, config: Path | None = None)
 
 def test_a_played_scan_draws_every_episode_it_drew_before_sharing(walker):
     """The demo gridworld (twins that took the same moves share later turns' contexts too)
-    and RAGEN's 700-token contexts: the same ids, byte for byte, as before."""
+    and RAGEN's 500-token contexts: the same ids, byte for byte, as before."""
     before = json.loads(BEFORE.read_text())
     env = EnvSettings(env=GRIDWORLD, max_turns=4, context_window=1)
     assert played_ids(walker, GRIDWORLD, env) == before["gridworld"]

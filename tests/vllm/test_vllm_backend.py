@@ -177,6 +177,46 @@ def test_the_endpoint_answers_from_vllm_at_each_requests_seed(engine):
     )
 
 
+def test_a_played_scans_episodes_share_their_context_through_the_prefix_cache(engine, tmp_path):
+    """SPEC "Sampling": turn 1 of RAGEN's GridWorld (500-token contexts), N start states with
+    K identical contexts each, sampled in one call: played at all (vLLM's CPU build stopped on
+    a seeded request whose prefill was split over steps; it is prefilled whole there), vLLM's
+    prefix cache serves the whole blocks of every repeated context (its own counters), and
+    each episode draws from its own seed: the K replies of a start state differ. (vLLM is
+    not batch-invariant: a reply drawn beside others need not be the one drawn alone.)"""
+    import json
+
+    from collapsecheck.inputs.environments import load_environment
+    from collapsecheck.runs.diagnose import play
+    from collapsecheck.settings import EnvSettings
+    from tests.test_ragen_env import SHAPED, ragen_importable
+
+    starts, k = 8, 4  # 32 rows of 500 tokens: more than one step's token budget
+    scorer = TransformersBackend.from_checkpoint(
+        HEALTHY, LoadSettings(device="cpu", dtype="float32")
+    )
+    config = SHAPED / "config.yaml"
+    before = engine.prefix_cache_tokens()
+    with ragen_importable(SHAPED):
+        environment = load_environment("ragen:GridWorld", {}, config=config)
+        env = EnvSettings(env="ragen:GridWorld", env_config=config, max_turns=1)
+        play(HEALTHY, environment, env=env, loaded=SplitBackend(engine, scorer), dump=tmp_path,
+             **{**FAST, "num_prompts": starts, "k": k})  # fmt: skip
+    queried, found = (a - b for a, b in zip(engine.prefix_cache_tokens(), before, strict=True))
+    contexts = [json.loads(line)["ids"] for line in (tmp_path / "prompts.jsonl").open()]
+    assert len(contexts) == starts and min(map(len, contexts)) > 400
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    repeated = sum((k - 1) * (len(ids) // block) * block for ids in contexts)
+    assert queried >= k * sum(map(len, contexts))
+    assert found >= repeated > 0
+    replies = {}
+    for line in (tmp_path / "traces.jsonl").open():
+        trace = json.loads(line)
+        replies.setdefault(trace["prompt_index"], set()).add(tuple(trace["response_ids"]))
+    assert sorted(replies) == list(range(starts))
+    assert all(len(drawn) > 1 for drawn in replies.values())
+
+
 def engine_processes():
     """Child processes other than multiprocessing's resource tracker, which lives as long as
     the test process whatever the engine does."""

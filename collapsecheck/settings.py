@@ -38,7 +38,7 @@ from collapsecheck.errors import CollapsecheckError
 
 # Bump when a code change alters the numbers of a scan whose settings are unchanged: the
 # results cache then recomputes instead of answering with stale numbers.
-NUMBERS_VERSION = 5
+NUMBERS_VERSION = 6
 # Bump when a code change alters the traces sampled with unchanged settings.
 SAMPLES_VERSION = 2  # 2: tokens drawn by inverse CDF from uniforms drawn up front (issue 57)
 

@@ -4,6 +4,7 @@ as they were trained, and what the user gets (dump, compare, gate, console, dash
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -75,6 +76,17 @@ def test_the_agreement_is_a_mean_over_rows_with_intervals_over_prompts():
     # 0.55 relative, its interval wide enough to reach past 0.8: not decided
     assert metrics["early_answer_without_reasoning"].high > 0.8
     assert early.regime == "inconclusive"
+
+
+def test_resamples_that_draw_none_of_the_rows_warn_nothing():
+    """Rows from 2 of 8 prompts: many resamples draw none of them. They have no curve (left
+    out of the intervals), and numpy says nothing on stderr about it."""
+    rows = np.array([0, 0, 1, 1])
+    values = np.log(np.tile([0.2, 0.4, 0.6, 0.8, 0.9], (4, 1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        early, _ = compute_early_answer(EarlyLogProbs(values, FRACTIONS, rows, 8), resamples=200)
+    assert all(math.isfinite(a.low) and math.isfinite(a.high) for a in early.agreement)
 
 
 def test_a_cut_keeps_floor_f_t_tokens():

@@ -28,6 +28,7 @@ from collapsecheck.inputs.environments.openai_wire import (
     Unservable,
     WireReply,
     WireRequest,
+    call_id,
     read_request,
 )
 from collapsecheck.inputs.environments.tool_calls import parsed_reply, require_tool_format
@@ -169,12 +170,16 @@ def test_tool_calls_are_read_in_the_templates_format():
     found = require_tool_format(tokenizer, tools)
     assert found == "hermes"
     text = "<think>add two</think>\n" + call("add", n=2) + "\n" + call("add", n=3)
-    content, calls = parsed_reply(text, found, tokenizer)
+    content, calls = parsed_reply(text, found, tokenizer, 7)
     assert content == "<think>add two</think>"
     assert [(c.name, dict(c.arguments)) for c in calls] == [("add", {"n": 2}), ("add", {"n": 3})]
+    # ids made from the request's seed: a rerun's replies carry the same, each call its own
+    assert [c.id for c in calls] == [call_id(7, 0), call_id(7, 1)]
+    assert len({c.id for c in calls}) == 2 and calls[0].id != call_id(8, 0)
+    assert parsed_reply(text, found, tokenizer, 7) == (content, calls)
     broken = "<tool_call>\nnot json\n</tool_call>"
-    assert parsed_reply(broken, found, tokenizer) == (broken, ())
-    assert parsed_reply(text, None, tokenizer) == (text, ())
+    assert parsed_reply(broken, found, tokenizer, 7) == (broken, ())
+    assert parsed_reply(text, None, tokenizer, 7) == (text, ())
     tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     with pytest.raises(Unservable, match="renders none"):
         require_tool_format(tokenizer, tools)
@@ -182,7 +187,7 @@ def test_tool_calls_are_read_in_the_templates_format():
 
 def exchange(number, messages, reply, episode=None, calls=()):
     request = WireRequest(CHAT, "m", tuple(messages))
-    answer = WireReply(reply, reply if not calls else "", tuple(calls), False, 1, 1)
+    answer = WireReply(reply, reply if not calls else "", tuple(calls), False, 1, 1, 0)
     return Exchange(number, request, answer, episode, None)
 
 
@@ -226,7 +231,7 @@ def test_requests_continue_the_episode_whose_reply_they_carry():
 def test_text_completions_continue_by_their_prompts():
     def text(number, prompt, reply):
         return Exchange(number, WireRequest(TEXT, "m", prompt=prompt),
-                        WireReply(reply, reply, (), False, 1, 1), None, None)  # fmt: skip
+                        WireReply(reply, reply, (), False, 1, 1, 0), None, None)  # fmt: skip
 
     conversations = assemble([text(0, "A:", " b"), text(1, "A: b\nC:", " d"), text(2, "E:", "f")])
     assert sorted(len(c.exchanges) for c in conversations) == [1, 2]
@@ -244,7 +249,7 @@ def test_a_seed_depends_on_the_context_and_its_repeat_alone():
 def test_a_streamed_tool_call_arrives_as_openai_deltas():
     from collapsecheck.inputs.environments.openai_wire import stream_events
 
-    reply = WireReply("x <tool_call>", "x", (ToolCall("f", {"a": 1}, id="c"),), False, 3, 2)
+    reply = WireReply("x <tool_call>", "x", (ToolCall("f", {"a": 1}, id="c"),), False, 3, 2, 0)
     request = WireRequest(CHAT, "m", tuple(ASK), stream=True)
     payloads = [json.loads(e[6:]) for e in stream_events(request, reply) if "[DONE]" not in e]
     deltas = [p["choices"][0]["delta"] for p in payloads]

@@ -158,3 +158,21 @@ def test_a_factory_two_frameworks_claim_is_refused_naming_their_prefixes():
     said = str(refused.value)
     assert "has what gem and textarena environments have" in said
     assert f"--env gem:{GAMES}:both or textarena:{GAMES}:both" in said
+
+
+def test_one_scored_trace_of_a_played_scan_carries_no_verdict(tmp_path):
+    """SPEC "Enough to carry a verdict" on `scan --env`: the walker, not trained in
+    TextArena's format, writes its reasoning tags in one of its 16 replies. The verdict is
+    inconclusive and says what was scored of what; the matrix's metrics have no interval."""
+    out = tmp_path / "report.json"
+    flags = ["-n", "4", "-k", "2", "--max-turns", "3", "--max-new-tokens", "48"]
+    result = collapsecheck("scan", AGENT, "--env", GUESS, *flags, "--json", out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["counts"]["scored_traces"] == 1 and report["counts"]["scored_prompts"] == 1
+    verdict = report["verdict"]
+    assert verdict["regime"] == "inconclusive"
+    assert verdict["reason"].startswith("1 trace scored of 16: 15 have no reasoning segment")
+    assert "verdict: inconclusive" in result.stdout
+    for key in ("normalized_mi", "retrieval_skill", "conditional_entropy_est"):
+        assert report["metrics"][key]["low"] is None and report["metrics"][key]["high"] is None

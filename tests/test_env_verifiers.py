@@ -104,6 +104,11 @@ def test_a_stateful_tool_env_gets_tool_calls_and_injects_its_hidden_argument(tmp
             assert len(episode["turns"]) == 2  # the reply after the tool has no call: the end
     note = "the reasoning is each reply's text before its action (--reasoning-regex"
     assert all(note in " ".join(s.split()) for s in said)  # rich wraps long lines
+    # a rerun records the same bytes, tool-call ids included (made from each request's seed)
+    again = tmp_path / "again"
+    played(again, "verifiers:cc-adder", *args, checkpoint=TOOL_CALLER)
+    recorded = [(run / "highest" / "episodes.jsonl").read_bytes() for run in (tmp_path, again)]
+    assert recorded[0] == recorded[1]
     rendered = (tmp_path / "highest" / "prompts.jsonl").read_text()
     assert '\\"name\\": \\"add\\"' in rendered and "running total so far" not in rendered
 

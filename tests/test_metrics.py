@@ -195,3 +195,21 @@ def test_full_mask_equals_no_mask():
 def test_own_prompt_must_be_scored():
     with pytest.raises(ValueError, match="own prompt"):
         CrossLogProbs(np.zeros((1, 2)), np.zeros((1, 2)), np.array([0]), np.array([[False, True]]))
+
+
+def test_traces_of_one_prompt_get_no_interval_but_every_responses_rates_keep_theirs():
+    """SPEC "Enough to carry a verdict": with every scored trace from one prompt, each
+    resample is that prompt again, so the matrix's metrics have no interval (NaN) rather than
+    a zero-width one; the rates over all responses (of every prompt) keep theirs."""
+    scores = matrix([[-1.0, -3.0, -2.0], [-1.5, -2.5, -3.0]], [0, 0])
+    counts = PromptCounts(np.array([4.0, 4, 4]), np.array([2.0, 0, 0]), np.array([0.0, 3, 1]),
+                          np.array([2.0, 0, 0]))  # fmt: skip
+    m = compute_metrics(scores, counts, resamples=200)
+    for key in ("normalized_mi", "retrieval_skill", "conditional_entropy_est", "mi_estimate"):
+        assert math.isnan(m[key].low) and math.isnan(m[key].high), key
+        assert math.isfinite(m[key].value)
+    rate = m["truncated_rate"]
+    assert rate.value == pytest.approx(4 / 12) and rate.low < rate.high
+    two = compute_metrics(matrix([[-1.0, -3.0], [-3.0, -1.5]], [0, 1]), counts_for(
+        matrix([[-1.0, -3.0], [-3.0, -1.5]], [0, 1]), 1), resamples=200)  # fmt: skip
+    assert math.isfinite(two["normalized_mi"].low)

@@ -152,3 +152,24 @@ def test_traces_under_other_contexts_are_called_a_mismatch_not_a_collapse(scanne
     assert report.value("mi_seq_estimate") < 0
     assert report.verdict.regime == "inconclusive"
     assert "unlikely under this checkpoint and these contexts" in report.verdict.reason
+
+
+def test_one_scored_trace_of_rollouts_carries_no_verdict(scanned, tmp_path):
+    """SPEC "Enough to carry a verdict" on `score`: rollouts of which one response holds a
+    reasoning segment are inconclusive, never grounded, whatever that one trace says; the
+    gate passes it as undecided unless --fail-on inconclusive."""
+    report, _, traces, prompts = scanned
+    assert report.verdict.regime == "grounded"
+    rows = rollout_rows(prompts, traces)
+    for row in rows[1:]:
+        row["response"] = "<answer>Up</answer>"
+    rollouts = write_jsonl(tmp_path / "one.jsonl", rows)
+    scored = score(HEALTHY, rollouts, **SCORE)
+    assert scored.counts["scored_traces"] == 1 and scored.counts["responses"] == len(rows)
+    assert scored.verdict.regime == "inconclusive"
+    assert scored.verdict.reason.startswith(
+        f"1 trace scored of {len(rows)}: {len(rows) - 1} have no reasoning segment"
+    )
+    args = ["score", str(rollouts), "-c", str(HEALTHY), "--device", "cpu", "--bootstrap", "200"]
+    result = CliRunner().invoke(app, [*args, "--fail-on", "inconclusive"])
+    assert result.exit_code == 1 and "verdict: inconclusive" in result.output

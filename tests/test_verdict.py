@@ -3,10 +3,11 @@
 import pytest
 
 from collapsecheck.measures.metrics import Estimate
-from collapsecheck.measures.verdict import Thresholds, decide
+from collapsecheck.measures.verdict import Support, Thresholds, decide
 
 LOG_N = 2.772588722239781  # 16 prompts
 TOKENS = 20  # reasoning tokens per trace
+ENOUGH = Support(responses=128, scored_traces=128, scored_prompts=16)  # 16 prompts x K 8
 
 
 def metrics(skill, nmi, entropy, width=0.0):
@@ -40,19 +41,19 @@ def metrics(skill, nmi, entropy, width=0.0):
     ],
 )
 def test_regimes(skill, nmi, entropy, regime, style, partial):
-    verdict = decide(metrics(skill, nmi, entropy))
+    verdict = decide(metrics(skill, nmi, entropy), ENOUGH)
     assert (verdict.regime, verdict.style, verdict.partial) == (regime, style, partial)
 
 
 def test_thresholds_are_inclusive_as_specified():
-    assert decide(metrics(0.7, 0.7, 0.2)).regime == "grounded"
-    assert decide(metrics(0.9, 0.9, 0.05)).style == "diverse"  # low is strictly below 0.05
-    collapsed = decide(metrics(0.3, 0.3, 0.2))
+    assert decide(metrics(0.7, 0.7, 0.2), ENOUGH).regime == "grounded"
+    assert decide(metrics(0.9, 0.9, 0.05), ENOUGH).style == "diverse"  # low is strictly below 0.05
+    collapsed = decide(metrics(0.3, 0.3, 0.2), ENOUGH)
     assert (collapsed.regime, collapsed.partial) == ("template_collapse", False)
 
 
 def test_interval_straddling_the_high_threshold_is_inconclusive():
-    verdict = decide(metrics(0.75, 0.8, 0.3, width=0.1))
+    verdict = decide(metrics(0.75, 0.8, 0.3, width=0.1), ENOUGH)
     assert verdict.regime == "inconclusive"
     assert "raise the number of prompts" in verdict.reason
     assert "retrieval_skill interval [0.65, 0.85] straddles 0.7" in verdict.reason
@@ -63,19 +64,19 @@ def test_collapse_of_uncertain_kind_is_still_a_collapse():
     # [0.008, 0.066] across the 0.05 line: a collapse, its kind open
     values = metrics(0.0, 0.003, 0.031)
     values["conditional_entropy_est"] = Estimate(0.031, 0.008, 0.066)
-    verdict = decide(values)
+    verdict = decide(values, ENOUGH)
     assert verdict.is_collapse and verdict.kind_uncertain
     assert verdict.regime == "low_entropy_collapse"  # the point estimate's kind
     assert verdict.label == "low_entropy_collapse (kind uncertain)"
     assert "conditional entropy interval [0.01, 0.07] straddles 0.05" in verdict.reason
-    above = decide(metrics(0.05, 0.05, 0.06, width=0.02))
+    above = decide(metrics(0.05, 0.05, 0.06, width=0.02), ENOUGH)
     assert (above.regime, above.kind_uncertain) == ("template_collapse", True)
-    partial = decide(metrics(0.5, 0.45, 0.05, width=0.02))
+    partial = decide(metrics(0.5, 0.45, 0.05, width=0.02), ENOUGH)
     assert partial.label == "template_collapse (partial, kind uncertain)"
     # a kind the interval settles is not uncertain
-    assert not decide(metrics(0.05, 0.05, 0.5, width=0.02)).kind_uncertain
+    assert not decide(metrics(0.05, 0.05, 0.5, width=0.02), ENOUGH).kind_uncertain
     # for a grounded policy the entropy only changes the style, never the regime
-    grounded = decide(metrics(0.95, 0.95, 0.05, width=0.02))
+    grounded = decide(metrics(0.95, 0.95, 0.05, width=0.02), ENOUGH)
     assert (grounded.regime, grounded.style, grounded.kind_uncertain) == (
         "grounded",
         "diverse",
@@ -88,7 +89,7 @@ def test_grounded_or_collapsed_stays_inconclusive_and_the_default_gate_says_it_p
     from collapsecheck.reports.gate import check_report
     from collapsecheck.reports.report import Report
 
-    verdict = decide(metrics(0.72, 0.75, 0.4, width=0.1))
+    verdict = decide(metrics(0.72, 0.75, 0.4, width=0.1), ENOUGH)
     assert verdict.regime == "inconclusive" and not verdict.kind_uncertain
     assert "could be grounded or a collapse" in verdict.reason
     report = Report.from_dict(
@@ -103,28 +104,28 @@ def test_grounded_or_collapsed_stays_inconclusive_and_the_default_gate_says_it_p
 
 
 def test_reason_names_the_numbers():
-    reason = decide(metrics(0.12, 0.03, 1.42)).reason
+    reason = decide(metrics(0.12, 0.03, 1.42), ENOUGH).reason
     assert "retrieval 0.12 vs chance 0.10, normalized MI 0.03" in reason
     assert "does not depend on the input" in reason
     assert "entropy 1.420 nats/token (> 10,000 effective traces per prompt)" in reason  # 2.16e+12
-    low = decide(metrics(0.12, 0.03, 0.05)).reason  # 20 tokens at 0.05 nats: e^1 traces
+    low = decide(metrics(0.12, 0.03, 0.05), ENOUGH).reason  # 20 tokens at 0.05 nats: e^1 traces
     assert "entropy 0.050 nats/token (2.7 effective traces per prompt)" in low
 
 
 def test_custom_thresholds():
     loose = Thresholds(dependence_high=0.4, dependence_collapsed=0.1, entropy_low=0.5)
-    assert decide(metrics(0.5, 0.45, 0.8), loose).regime == "grounded"
+    assert decide(metrics(0.5, 0.45, 0.8), ENOUGH, loose).regime == "grounded"
     with pytest.raises(ValueError):
         Thresholds(dependence_high=0.2, dependence_collapsed=0.5)
 
 
 def test_matched_far_below_marginal_is_a_mismatch_not_a_collapse():
-    mismatch = decide(metrics(0.0, -0.3, 0.5, width=0.05))
+    mismatch = decide(metrics(0.0, -0.3, 0.5, width=0.05), ENOUGH)
     assert mismatch.regime == "inconclusive"
     assert "unlikely under this checkpoint and these contexts" in mismatch.reason
     # a collapsed policy's own traces sit at MI about 0, within noise: still a collapse
-    assert decide(metrics(0.0, -0.01, 0.5, width=0.05)).regime == "template_collapse"
-    assert decide(metrics(0.0, -0.04, 0.5, width=0.0)).regime == "template_collapse"
+    assert decide(metrics(0.0, -0.01, 0.5, width=0.05), ENOUGH).regime == "template_collapse"
+    assert decide(metrics(0.0, -0.04, 0.5, width=0.0), ENOUGH).regime == "template_collapse"
 
 
 def test_effective_traces_read_as_counts():
@@ -133,3 +134,30 @@ def test_effective_traces_read_as_counts():
     key = "effective_traces_per_prompt"
     shown = [format_metric(key, x) for x in (1.234, 9.96, 12.6, 284.427, 2537.2, 12_000.0)]
     assert shown == ["1.2", "10.0", "13", "284", "2,537", "> 10,000"]
+
+
+@pytest.mark.parametrize(
+    ("support", "reason"),
+    [
+        (Support(8, 1, 1, 0), "1 trace scored of 8: 7 have no reasoning segment; they come from "
+         "1 prompt, and a verdict needs scored traces from at least 4"),
+        (Support(24, 9, 3, 5), "9 traces scored of 24: 15 have no reasoning segment (5 of the "
+         "responses cut by the length limit); they come from 3 prompts"),
+        (Support(6, 6, 2, 0), "6 traces scored of 6; they come from 2 prompts"),
+    ],
+)  # fmt: skip
+def test_too_few_prompts_with_a_scored_trace_carry_no_verdict(support, reason):
+    """SPEC "Enough to carry a verdict": below 4 prompts with a scored trace the verdict is
+    inconclusive, saying what was scored of what, whatever the numbers say, the clearest
+    grounding or the clearest collapse."""
+    for numbers in (metrics(1.0, 1.0, 0.3), metrics(0.0, 0.0, 0.01)):
+        verdict = decide(numbers, support)
+        assert verdict.regime == "inconclusive" and not verdict.is_collapse
+        assert verdict.reason.startswith(reason)
+    assert decide(metrics(1.0, 1.0, 0.3), Support(8, 4, 4, 0)).regime == "grounded"
+
+
+def test_support_reads_a_reports_counts():
+    counts = {"prompts": 8, "responses": 16, "scored_traces": 1, "scored_prompts": 1,
+              "truncated_responses": 0}  # fmt: skip
+    assert Support.of(counts) == Support(16, 1, 1, 0)

@@ -100,8 +100,10 @@ def _log_agreement(early: EarlyLogProbs, rows: np.ndarray) -> np.ndarray:
     so that long actions, whose exp(E) underflows, still give a curve."""
     from scipy.special import logsumexp
 
-    weighted = logsumexp(early.values[None, :, :], b=rows[:, :, None], axis=1)
-    return weighted - np.log(rows.sum(axis=1, keepdims=True))
+    # a resample that draws none of the rows has no curve: NaN, which its interval leaves out
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weighted = logsumexp(early.values[None, :, :], b=rows[:, :, None], axis=1)
+        return weighted - np.log(rows.sum(axis=1, keepdims=True))
 
 
 def _curves(early: EarlyLogProbs, prompt_weights: np.ndarray) -> dict[str, np.ndarray]:

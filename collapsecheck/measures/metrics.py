@@ -286,6 +286,10 @@ def _suffix(k: int) -> str:
     return "" if k == 1 else f"@{k}"
 
 
+# the mean-type metrics counted over every response, scored or not (their units: every prompt)
+RESPONSE_RATES = ("valid_reasoning_rate", "truncated_rate", "distinct_reasoning_rate")
+
+
 def _metrics_from_weights(
     rows: Mapping[str, np.ndarray],
     counts: PromptCounts,
@@ -394,7 +398,10 @@ def compute_metrics(
     """Every metric of SPEC "Metrics", mean-type ones with a 95% bootstrap interval.
 
     The bootstrap resamples prompts with all their traces while the columns stay fixed
-    (SPEC "95% intervals"); it is seeded, so the same inputs give the same intervals.
+    (SPEC "95% intervals"); it is seeded, so the same inputs give the same intervals. Where
+    every scored trace comes from one prompt, each resample is that prompt again: the
+    matrix's metrics get no interval (NaN), not a zero-width one (SPEC "Enough to carry a
+    verdict"); the rates over every response (`RESPONSE_RATES`) keep theirs.
     `input_rows`: the rows the distinct prompts came from (RAGEN's columns, one per row:
     `mi_upper_bound`); the columns themselves by default.
     """
@@ -406,8 +413,11 @@ def compute_metrics(
         "mi_upper_bound": float(np.log(input_rows or n)),
         "mi_upper_bound_distinct": float(np.log(n)),
     }
+    one_unit = len(np.unique(scores.row_prompt)) < 2  # every resample the same: no interval
     for key, value in point.items():
-        metrics[key] = Estimate(float(value[0]), *_interval(boot[key]))
+        undefined = one_unit and key not in RESPONSE_RATES
+        bounds = (math.nan, math.nan) if undefined else _interval(boot[key])
+        metrics[key] = Estimate(float(value[0]), *bounds)
     for k in (1, *RETRIEVAL_KS):
         metrics[f"retrieval_chance_level{_suffix(k)}"] = float(rows[f"chance@{k}"].mean())
     apply_run_ema([metrics])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from collapsecheck.formatting import format_traces
 from collapsecheck.measures.metrics import MetricValue, interval_bounds, point_value
@@ -25,6 +26,49 @@ ENTROPY_KEY = "conditional_entropy_est"  # H(Z|X) per token (SPEC "The verdict")
 # Matched below the marginal by more than this share of log N, beyond noise: the traces are
 # unlikely under this checkpoint and these contexts, which says nothing about collapse.
 MISMATCH_NMI = 0.05
+# Prompts with a scored trace a verdict needs (SPEC "Enough to carry a verdict"): below 4, more
+# than the intervals' 2.5% tails are resamples of one prompt alone (a share u^(1 - u)).
+MIN_SCORED_PROMPTS = 4
+
+
+@dataclass(frozen=True)
+class Support:
+    """What the metrics rest on (a report's `counts`): every response, the traces scored (those
+    with a reasoning segment) and the prompts they came from (the bootstrap's units)."""
+
+    responses: int
+    scored_traces: int
+    scored_prompts: int
+    truncated_responses: int = 0
+
+    @classmethod
+    def of(cls, counts: Mapping[str, Any]) -> Support:
+        names = ("responses", "scored_traces", "scored_prompts", "truncated_responses")
+        return cls(*(int(counts[name]) for name in names))
+
+    def shortfall(self) -> str | None:
+        """Why these traces cannot carry a verdict (SPEC "Enough to carry a verdict"), or
+        None where they can."""
+        if self.scored_prompts >= MIN_SCORED_PROMPTS:
+            return None
+        unscored = self.responses - self.scored_traces
+        why = (
+            f": {unscored} {'has' if unscored == 1 else 'have'} no reasoning segment"
+            if unscored
+            else ""
+        )
+        cut = (
+            f" ({self.truncated_responses} of the responses cut by the length limit)"
+            if self.truncated_responses else ""
+        )  # fmt: skip
+        traces = "trace" if self.scored_traces == 1 else "traces"
+        prompts = "prompt" if self.scored_prompts == 1 else "prompts"
+        return (
+            f"{self.scored_traces} {traces} scored of {self.responses}{why}{cut}; they come "
+            f"from {self.scored_prompts} {prompts}, and a verdict needs scored traces from at "
+            f"least {MIN_SCORED_PROMPTS}: raise the number of prompts (N) or samples (K), or "
+            "name the reasoning segment the responses write"
+        )
 
 
 @dataclass(frozen=True)
@@ -115,12 +159,18 @@ def mismatch_reason(metrics: Mapping[str, MetricValue]) -> str | None:
     )
 
 
-def decide(metrics: Mapping[str, MetricValue], thresholds: Thresholds | None = None) -> Verdict:
+def decide(
+    metrics: Mapping[str, MetricValue], support: Support, thresholds: Thresholds | None = None
+) -> Verdict:
     """Regime from input dependence (retrieval skill, normalized MI) and diversity (H(Z|X)
-    per token); inconclusive where the dependence's intervals leave both grounded and a collapse
-    open, or the traces do not fit the checkpoint (`mismatch_reason`). A collapse beyond its
-    intervals whose kind the entropy's interval leaves open is a collapse, `kind_uncertain`."""
+    per token); inconclusive where too few prompts have a scored trace (`Support`), where the
+    dependence's intervals leave both grounded and a collapse open, or where the traces do not
+    fit the checkpoint (`mismatch_reason`). A collapse beyond its intervals whose kind the
+    entropy's interval leaves open is a collapse, `kind_uncertain`."""
     t = thresholds or Thresholds()
+    unsupported = support.shortfall()
+    if unsupported is not None:
+        return Verdict(regime=INCONCLUSIVE, style=None, partial=False, reason=unsupported)
     mismatch = mismatch_reason(metrics)
     if mismatch is not None:
         return Verdict(regime=INCONCLUSIVE, style=None, partial=False, reason=mismatch)

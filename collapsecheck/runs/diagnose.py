@@ -60,7 +60,7 @@ from collapsecheck.measures.prior import (
     PriorReading,
 )
 from collapsecheck.measures.token_information import TokenInformation, WhereInputShows
-from collapsecheck.measures.verdict import Thresholds, decide
+from collapsecheck.measures.verdict import Support, Thresholds, decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import (
     REPORT_FILE,
@@ -207,9 +207,10 @@ def diagnose(
     why = explain(
         scores, traces, prepared, counts, measured_flow, rewards, settings, diagnosis.reward_source
     )
+    counted = trace_counts(prepared, traces, scores)
     report = Report(
         metrics=metrics,
-        verdict=decide(metrics, diagnosis.thresholds),
+        verdict=decide(metrics, Support.of(counted), diagnosis.thresholds),
         flow=decide_flow(metrics, diagnosis.flow_thresholds, not_measured),
         early_answer=early,
         prior=prior,
@@ -220,7 +221,7 @@ def diagnose(
         flow_thresholds=diagnosis.flow_thresholds,
         settings=report_settings(settings, diagnosis.recorded, prepared, scores, backend)
         | {"scoring_temperature": diagnosis.temperature},
-        counts=trace_counts(prepared, traces, scores),
+        counts=counted,
         examples=example_traces(traces, prepared),
         timing={**diagnosis.timing, **scoring_timing(scores, scoring_s), **prior_timing},
         warnings=list(diagnosis.warnings),

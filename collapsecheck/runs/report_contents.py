@@ -145,6 +145,7 @@ def trace_counts(
         ).item(),
         "responses": len(traces),
         "scored_traces": len(scores.row_trace_index),
+        "scored_prompts": len(set(scores.matrix.row_prompt.tolist())),
         "flow_valid_traces": len(scores.flow.row_trace_index) if scores.flow else 0,
         "truncated_responses": sum(t.truncated for t in traces),
         "prompts_opening_reasoning": sum(prepared.opened),

@@ -76,10 +76,10 @@ class BackendChat:
             waiting = self.sampler.submit(rendered.ids, params, seed)
         sample = waiting.result()
         text = self.backend.decode(sample.ids)
-        content, calls = parsed_reply(text, found, self.backend.tokenizer)
+        content, calls = parsed_reply(text, found, self.backend.tokenizer, seed)
         pieces = self.pieces(sample.ids, text) if request.stream else ()
         reply = WireReply(text, content, calls, sample.truncated, len(rendered.ids),
-                          len(sample.ids), pieces)  # fmt: skip
+                          len(sample.ids), seed, pieces)  # fmt: skip
         return reply, Served(prompt, rendered, sample, params.temperature)
 
     def prepared(

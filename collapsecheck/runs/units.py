@@ -28,7 +28,7 @@ from collapsecheck.measures.episodes import NOT_MEASURED as EPISODES_NOT_MEASURE
 from collapsecheck.measures.episodes import read_episodes
 from collapsecheck.measures.flow import NOT_MEASURED, decide_flow
 from collapsecheck.measures.regimes import VerdictThresholds
-from collapsecheck.measures.verdict import decide
+from collapsecheck.measures.verdict import Support, decide
 from collapsecheck.progress import ProgressHook, silent
 from collapsecheck.reports.dump import REPORT_FILE
 from collapsecheck.reports.report import Report
@@ -222,7 +222,7 @@ def load_cached(entry: Path, checkpoint: Checkpoint, verdicts: VerdictThresholds
     """A finished cache entry's report, its verdicts decided again with these thresholds."""
     report = Report.load(entry / REPORT_FILE)
     report.thresholds = verdicts.thresholds
-    report.verdict = decide(report.metrics, report.thresholds)
+    report.verdict = decide(report.metrics, Support.of(report.counts), report.thresholds)
     report.flow_thresholds = verdicts.flow
     if report.flow.regime != NOT_MEASURED:
         report.flow = decide_flow(report.metrics, report.flow_thresholds)

@@ -6,11 +6,11 @@ Plain Python: no model, no server."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 CHAT, TEXT = "chat", "text"  # /v1/chat/completions, /v1/completions
@@ -48,7 +48,7 @@ class ToolCall:
 
     name: str
     arguments: Mapping[str, Any]
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    id: str  # `call_id`: derived from the request's seed, so a rerun records the same
 
     def wire(self) -> dict[str, Any]:
         arguments = json.dumps(dict(self.arguments))
@@ -69,6 +69,7 @@ class WireReply:
     truncated: bool
     prompt_tokens: int
     completion_tokens: int
+    seed: int  # the request's: its ids are made from it (`seeded_id`)
     pieces: tuple[str, ...] = ()
 
     @property
@@ -239,7 +240,7 @@ def error_body(message: str) -> dict[str, Any]:
 
 def completion_body(request: WireRequest, reply: WireReply) -> dict[str, Any]:
     """The whole answer: a chat completion, or a text completion."""
-    head = answer_head(request)
+    head = answer_head(request, reply)
     if request.kind == TEXT:
         choice: dict[str, Any] = {"index": 0, "text": reply.text, "logprobs": None,
                                   "finish_reason": reply.finish_reason}  # fmt: skip
@@ -249,18 +250,29 @@ def completion_body(request: WireRequest, reply: WireReply) -> dict[str, Any]:
     return {**head, "choices": [choice], "usage": reply.usage()}
 
 
-def answer_head(request: WireRequest, chunk: bool = False) -> dict[str, Any]:
+def seeded_id(seed: int, *parts: object, length: int = 32) -> str:
+    """An id made from a request's seed (and what else tells its objects apart): the same
+    request of the same scan gets the same ids, so a rerun's recording is the same."""
+    return hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).hexdigest()[:length]
+
+
+def call_id(seed: int, index: int) -> str:
+    """The id of the `index`-th tool call of the reply to a request seeded by `seed`."""
+    return f"call_{seeded_id(seed, 'call', index, length=24)}"
+
+
+def answer_head(request: WireRequest, reply: WireReply, chunk: bool = False) -> dict[str, Any]:
     chat = request.kind == CHAT
     kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
     prefix = "chatcmpl" if chat else "cmpl"
-    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
-            "model": request.model}  # fmt: skip
+    return {"id": f"{prefix}-{seeded_id(reply.seed)}", "object": kind,
+            "created": int(time.time()), "model": request.model}  # fmt: skip
 
 
 def stream_events(request: WireRequest, reply: WireReply) -> Iterator[str]:
     """The answer as server-sent events, as vLLM's server sends them: (chat) the role first,
     then a delta per token, the tool calls, the finish reason, the usage where asked, [DONE]."""
-    head = answer_head(request, chunk=True)
+    head = answer_head(request, reply, chunk=True)
     for choice in streamed_choices(request, reply):
         yield event({**head, "choices": [choice]})
     if request.include_usage:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from collapsecheck.inputs.environments.openai_wire import ToolCall, Unservable
+from collapsecheck.inputs.environments.openai_wire import ToolCall, Unservable, call_id
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 HERMES_OPEN = "<tool_call>"
@@ -50,17 +50,20 @@ def require_tool_format(tokenizer: Any, tools: Sequence[dict[str, Any]]) -> str 
     return found
 
 
-def parsed_reply(text: str, found: str | None, tokenizer: Any) -> tuple[str, tuple[ToolCall, ...]]:
-    """A reply's content (its text without the calls) and the tool calls in it; none where the
-    request has no tools (`found` None) or a block does not parse (left in the content)."""
+def parsed_reply(
+    text: str, found: str | None, tokenizer: Any, seed: int
+) -> tuple[str, tuple[ToolCall, ...]]:
+    """A reply's content (its text without the calls) and the tool calls in it, their ids
+    made from the request's `seed` (`call_id`); none where the request has no tools (`found`
+    None) or a block does not parse (left in the content)."""
     if found is None:
         return text, ()
     if found == "schema":
-        return schema_parsed(text, tokenizer)
+        return schema_parsed(text, tokenizer, seed)
     calls, kept = [], []
     last = 0
     for match in HERMES_CALL.finditer(text):
-        call = hermes_call(match.group(1))
+        call = hermes_call(match.group(1), call_id(seed, len(calls)))
         if call is None:
             continue
         kept.append(text[last : match.start()])
@@ -70,7 +73,7 @@ def parsed_reply(text: str, found: str | None, tokenizer: Any) -> tuple[str, tup
     return ("".join(kept).strip() if calls else text), tuple(calls)
 
 
-def hermes_call(block: str) -> ToolCall | None:
+def hermes_call(block: str, id: str) -> ToolCall | None:
     try:
         value = json.loads(block)
     except json.JSONDecodeError:
@@ -83,10 +86,10 @@ def hermes_call(block: str) -> ToolCall | None:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             return None
-    return ToolCall(value["name"], arguments) if isinstance(arguments, dict) else None
+    return ToolCall(value["name"], arguments, id) if isinstance(arguments, dict) else None
 
 
-def schema_parsed(text: str, tokenizer: Any) -> tuple[str, tuple[ToolCall, ...]]:
+def schema_parsed(text: str, tokenizer: Any, seed: int) -> tuple[str, tuple[ToolCall, ...]]:
     """transformers' `parse_response` with the tokenizer's schema; a reply it cannot parse
     is content without calls, as a server's parser leaves it."""
     try:
@@ -98,7 +101,7 @@ def schema_parsed(text: str, tokenizer: Any) -> tuple[str, tuple[ToolCall, ...]]
         function = call.get("function", call) if isinstance(call, dict) else {}
         arguments = function.get("arguments") or {}
         if isinstance(function.get("name"), str) and isinstance(arguments, dict):
-            calls.append(ToolCall(function["name"], arguments))
+            calls.append(ToolCall(function["name"], arguments, call_id(seed, len(calls))))
     content = parsed.get("content")
     return (content if isinstance(content, str) else "") if calls else text, tuple(calls)
 

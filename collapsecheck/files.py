@@ -7,9 +7,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,6 +49,41 @@ def locked(directory: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+STAGING = ".collapsecheck.staging"  # a scan's files until it finishes (`staged`)
+
+
+@contextmanager
+def staged(directory: Path) -> Iterator[Path]:
+    """A folder to write a scan's files in, inside `directory` (held by `locked`): they
+    replace `directory`'s own only once the scan finishes, so a scan that stops (exit 2, an
+    error, a kill) leaves `directory` as it was, and one it made itself not at all."""
+    existed, finished = directory.exists(), False
+    try:
+        with locked(directory):
+            staging = directory / STAGING
+            shutil.rmtree(staging, ignore_errors=True)  # left by a killed scan
+            staging.mkdir()
+            try:
+                yield staging
+                for path in sorted(staging.iterdir()):
+                    target = directory / path.name
+                    if target.is_dir() and not target.is_symlink():
+                        shutil.rmtree(target)  # an earlier dump's images/, replaced whole
+                    os.replace(path, target)
+                finished = True
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        if not existed and not finished:
+            with suppress(OSError):
+                directory.rmdir()  # empty: nothing of this scan's is left
+
+
+def published(staging: Path) -> Path:
+    """Where the files written in `staging` (`staged`) lie once the scan has finished."""
+    return staging.parent
+
+
 def write_atomic(path: Path, mode: str, write: Callable[[IO[Any]], None]) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,12 +111,16 @@ def write_jsonl_atomic(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
 
 
 def _probe(directory: Path, what: str) -> None:
-    """Create `directory` (and its parents) and a file in it, then remove the file."""
+    """Create `directory` (and its parents) and a file in it, then remove both: a scan that
+    stops before writing there leaves nothing behind."""
+    made = [path for path in (directory, *directory.parents) if not path.exists()]
     try:
         directory.mkdir(parents=True, exist_ok=True)
         handle, probe = tempfile.mkstemp(dir=directory, prefix=".collapsecheck-probe.")
         os.close(handle)
         os.unlink(probe)
+        for path in made:  # the deepest first
+            path.rmdir()
     except OSError as err:
         blocking = next((p for p in (directory, *directory.parents) if p.is_file()), None)
         reason = f"{blocking} is a file" if blocking is not None else err.strerror or err

@@ -257,3 +257,37 @@ def test_a_streamed_tool_call_arrives_as_openai_deltas():
     assert deltas[1] == {"content": "x"}
     assert deltas[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
     assert payloads[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def assistant(text):
+    return {"role": "assistant", "content": text}
+
+
+def test_a_harness_that_rewrites_its_history_still_threads_its_episodes():
+    """SPEC "Agents behind an OpenAI client": a request continues the earlier one whose
+    messages it begins with, followed by an assistant message, even where the harness
+    rewrote the reply (smolagents' CodeAgent appends "</code>"; its ToolCallingAgent sends
+    its calls back as text and the results as user messages); among twins of one start, the
+    episode whose reply is closest to what was sent back; the turn keeps the model's own
+    reply, and what the harness sent back is the next turn's context."""
+    call_reply = ToolCall("add", {"n": 1}, id="call_a")
+    recorded = [
+        exchange(0, [user("task")], "Thought: add one\nCode:\n```py\nadd(1)\n```"),
+        exchange(1, [user("task")], "Thought: add two\nCode:\n```py\nadd(2)\n```"),
+        exchange(2, [user("task")], "", calls=[call_reply]),
+        exchange(3, [user("task"), assistant("Thought: add two\nCode:\n```py\nadd(2)\n```</code>"),
+                     user("Observation: 5")], "Final 5"),
+        exchange(4, [user("task"), assistant("Thought: add one\nCode:\n```py\nadd(1)\n```</code>"),
+                     user("Observation: 4")], "Final 4"),
+        exchange(5, [user("task"), assistant("Calling tools:\n[{'name': 'add', 'arguments': "
+                                             "{'n': 1}}]"), user("Observation: 4")], "Final"),
+    ]  # fmt: skip
+    conversations = assemble(recorded)
+    numbers = sorted([e.number for e in c.exchanges] for c in conversations)
+    assert numbers == [[0, 4], [1, 3], [2, 5]]
+    assert not any(c.forked for c in conversations)
+    first = next(c for c in conversations if c.exchanges[0].number == 0)
+    (turn, state, returned), (_, next_state, _) = first.turns()
+    assert turn.reply.text.endswith("```")  # the model's own reply, not the rewritten one
+    assert (state, next_state) == ("task", "Observation: 4")
+    assert returned == (user("Observation: 4"),)

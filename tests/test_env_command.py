@@ -52,6 +52,29 @@ def test_a_harness_in_threads_records_the_same_episodes_in_any_order(tmp_path):
     assert len({e["seed"] for e in runs[0]}) == 3
 
 
+def test_model_is_the_checkpoint_folders_plain_name(tmp_path):
+    """`{model}` is the name /v1/models lists, the checkpoint folder's, never a path an SDK
+    would split into a provider prefix; the harness's requests name it and are answered (the
+    other tests' requests name "policy", and are answered too)."""
+    said = tmp_path / "model.txt"
+    run = harness("--model", "{model}").removeprefix("command:")
+    done = collapsecheck("scan", WALKER, "--env", f"command:echo {{model}} > {said} && {run}",
+                         "--max-new-tokens", "24", "--fail-on", "none")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert said.read_text() == "walker\n"
+    assert "6 episodes from 3 start states" in done.stdout
+
+
+def test_a_harness_that_sends_no_reply_back_is_said_to(tmp_path):
+    """--last-only: each context the newest observation alone, so no request continues
+    another: each is its own episode, said once."""
+    done = collapsecheck("scan", WALKER, "--env", harness("--last-only", "--turns", "2"),
+                         "--max-new-tokens", "24", "--fail-on", "none")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines
+    assert said.count("each request is its own episode: the harness sends no earlier reply") == 1
+
+
 def test_two_checkpoints_under_one_harness_pair_by_start_state():
     done = collapsecheck("compare", WALKER, UNDOER, "--env", harness(), "--max-new-tokens", "48")
     assert done.returncode in (0, 1), done.stderr

@@ -484,3 +484,23 @@ def test_episodes_from_other_start_states_are_not_paired_and_it_is_said(tmp_path
         anyway.stdout.split()
     ) + " ".join(anyway.stderr.split())
     assert not json.loads((tmp_path / "c.json").read_text())["episodes_paired"]
+
+
+def test_a_scan_that_stops_leaves_its_dump_and_json_as_they_were(tmp_path):
+    """SPEC "Dump format": a played scan that stops at exit 2 (no reply has the reasoning
+    segment asked for, found after playing) leaves no --dump and no --json behind; rerun into
+    the dump of a scan that finished, it leaves that dump's bytes as they were."""
+    dump, out = tmp_path / "dump", tmp_path / "report.json"
+    walker, env = EXAMPLES / "agents" / "walker", f"{GRIDWORLD}:make"
+    asked = ("--reasoning-tags", "<plan>,</plan>")
+    stopped = collapsecheck("scan", walker, "--env", env, *SMALL, *asked, "--dump", dump,
+                            "--json", out)  # fmt: skip
+    assert stopped.returncode == 2 and "no response had a reasoning segment" in stopped.stderr
+    assert not dump.exists() and not out.exists()
+    done = collapsecheck("scan", walker, "--env", env, *SMALL, "--dump", dump)
+    assert done.returncode == 0, done.stderr
+    before = {path.name: path.read_bytes() for path in dump.iterdir()}
+    assert "episodes.jsonl" in before and "report.json" in before
+    again = collapsecheck("scan", walker, "--env", env, *SMALL, *asked, "--dump", dump)
+    assert again.returncode == 2
+    assert {path.name: path.read_bytes() for path in dump.iterdir()} == before

@@ -29,7 +29,7 @@ from collapsecheck.engines.reasoning import (
     reasoning_spec,
 )
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.files import locked
+from collapsecheck.files import locked, published, staged
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.environments import DrivenSource, EnvironmentSource
 from collapsecheck.inputs.episodes import Episode
@@ -242,7 +242,7 @@ def kept(report: Report, dump_dir: Path | None, made: Callable[[], Any]) -> Repo
     if dump_dir is not None:
         write_per_prompt(dump_dir, report.per_prompt)
         report.save(dump_dir / REPORT_FILE)
-        report.dump_dir = dump_dir
+        report.dump_dir = published(dump_dir)
     else:
         report.evidence = made()
     return report
@@ -330,13 +330,26 @@ def read_images_of(prepared: Prepared, baseline: Backend, checkpoint: Checkpoint
 
 
 @contextmanager
-def holding(dump: str | Path | None) -> Iterator[Path | None]:
-    """The dump directory (None without one), locked for this scan while it writes there."""
+def holding(directory: str | Path | None) -> Iterator[Path | None]:
+    """A directory (None without one), locked for this scan while it writes there: the
+    samples entry, which keeps every prompt's traces as soon as they are drawn."""
+    if directory is None:
+        yield None
+        return
+    with locked(Path(directory)):
+        yield Path(directory)
+
+
+@contextmanager
+def staged_dump(dump: str | Path | None) -> Iterator[Path | None]:
+    """Where this scan writes its dump (None without one): a staging folder whose files
+    replace the dump's once the scan has finished (`files.staged`); a scan that stops leaves
+    the dump as it was (SPEC "Dump format")."""
     if dump is None:
         yield None
         return
-    with locked(Path(dump)):
-        yield Path(dump)
+    with staged(Path(dump)) as staging:
+        yield staging
 
 
 # -- the two entry points ----------------------------------------------------------------
@@ -376,7 +389,7 @@ def scan(
         reserve = [params.max_new_tokens] * len(rendered)
         prepared = prepare(prompt_list, rendered, reserve, model, settings, str(prompt_path))
         loaded = time.perf_counter()
-        with holding(dump) as dump_dir:
+        with staged_dump(dump) as dump_dir:
             with holding(samples) as samples_dir:  # held while sampling, not while scoring
                 drawn, reused = sample(model, prepared, params, settings, progress, samples_dir)
             recorded = {
@@ -444,7 +457,7 @@ def score(
         require_two_prompts(len(data.prompts), rollouts, data.settings.get("prompt_matching"))
         rows = prompt_rows(data, rollouts, training_prompts)  # each row's, before merging
         prepared, data = prepare_sampled(data, model, settings, data.settings["rollouts"])
-        with holding(dump) as dump_dir:
+        with staged_dump(dump) as dump_dir:
             diagnosis = Diagnosis(
                 settings,
                 thresholds or Thresholds(),
@@ -502,7 +515,7 @@ def play(
         notes = (*environment.notes, *heard)
         data = played.sampled({"env": played_settings(env, digest, sources, notes)})
         prepared, data = prepare_sampled(data, model, settings, source)
-        with holding(dump) as dump_dir:
+        with staged_dump(dump) as dump_dir:
             recorded = {
                 "checkpoint": name, **checkpoint_notes(checkpoint), "prompts": source,
                 "prompts_sha256": digest, "samples_per_prompt": max(len(s) for s in data.samples),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from collapsecheck.engines.backends.base import Backend
@@ -22,16 +23,24 @@ from collapsecheck.runs.serving import BackendChat, Served
 from collapsecheck.settings import EnvSettings, Settings
 
 
+def served_name(checkpoint: str) -> str:
+    """The name the endpoint serves a checkpoint under (`{model}`, `/v1/models`): its folder's
+    name, a plain name that an SDK reads as a model's, never a path it would split at a slash
+    into a provider prefix. Requests may name any model: each is answered by the checkpoint."""
+    return Path(checkpoint).name or "policy"
+
+
 def drive(
     backend: Backend, source: DrivenSource, env: EnvSettings, settings: Settings, name: str
 ) -> tuple[list[Conversation], dict[str, EpisodeEnd], list[str], float | None]:
     """The harness run against the endpoint to its end: its conversations, the ends its
     adapter knows, what was noticed, and the one temperature its replies were sampled at where
     that is not the scan's (a fault the harness met at the endpoint stops the scan)."""
-    chat = BackendChat(backend, settings, name, f"--env {source.spec}")
+    served = served_name(name)
+    chat = BackendChat(backend, settings, served, f"--env {source.spec}")
     recorder = Recorder()
     try:
-        endpoint = Endpoint(endpoint_app(chat, recorder), recorder, name)
+        endpoint = Endpoint(endpoint_app(chat, recorder), recorder, served)
         driven = source.drive(endpoint, env, settings.sampling)
     finally:
         chat.close()
@@ -45,6 +54,11 @@ def drive(
             f"--env {source.spec}: {forks} request{'s' if forks > 1 else ''} continued an "
             "earlier turn another request had already continued (a retry or a branch): each "
             "branch is an episode of its own, with the turns before it"
+        )
+    if len(recorder.exchanges) > 1 and all(len(c.exchanges) == 1 for c in conversations):
+        notes.append(
+            f"--env {source.spec}: each request is its own episode: the harness sends no "
+            "earlier reply back"
         )
     return conversations, dict(driven.ends), notes, single_temperature(recorder, settings)
 

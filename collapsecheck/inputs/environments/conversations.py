@@ -1,12 +1,16 @@
 """Episodes assembled from the endpoint's recording (SPEC "Agents behind an OpenAI client"): a
-request whose messages are an earlier request's messages, then that request's reply (then
-whatever followed it), continues that earlier request's episode; any other request starts
-one. An adapter that knows its episodes names them on each request instead (`EPISODE_HEADER`).
-A turn is one request: its reply, and its state, the newest user or tool message (a text
-completion's: the text added since the reply it continues)."""
+request whose messages are an earlier request's messages, then one assistant message (that
+request's reply as the harness wrote it back, perhaps rewritten: a suffix added, tool calls
+turned into text), then whatever followed it, continues that earlier request's episode; among
+twins with the same messages, the one whose reply is closest to that assistant message. Any
+other request starts an episode. An adapter that knows its episodes names them on each request
+instead (`EPISODE_HEADER`). A turn is one request: the model's own reply, and its state, the
+newest user or tool message (a text completion's: the text added since the reply it
+continues)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,14 +62,23 @@ def canonical(message: dict[str, Any]) -> list[Any]:
     return [message["role"], (message.get("content") or "").strip(), calls]
 
 
-def transcript(exchange: Exchange) -> list[list[Any]]:
-    """A chat exchange's messages then its reply, canonical."""
+def reply_canonical(exchange: Exchange) -> list[Any]:
+    """A chat exchange's reply as the model wrote it, canonical."""
     reply = exchange.reply.message()
     reply["tool_calls"] = [
         {"function": {"name": c.name, "arguments": dict(c.arguments)}}
         for c in exchange.reply.tool_calls
     ]
-    return [canonical(m) for m in (*exchange.request.messages, reply)]
+    return canonical(reply)
+
+
+def closeness(reply: list[Any], sent: list[Any]) -> float:
+    """How alike the model's reply and the assistant message the harness sent back are, 1 when
+    equal: the share of their text in common (difflib's ratio over content and calls)."""
+    if reply == sent:
+        return 1.0
+    said = [" ".join([m[1], *(" ".join(call) for call in m[2])]) for m in (reply, sent)]
+    return difflib.SequenceMatcher(None, *said, autojunk=False).ratio()
 
 
 def followed(exchange: Exchange, following: WireRequest) -> tuple[dict[str, Any], ...]:
@@ -104,13 +117,14 @@ def assemble(exchanges: Sequence[Exchange]) -> list[Conversation]:
 
 
 class Threads:
-    """Requests threaded into conversations by their messages: each exchange indexed by its
-    transcript, so a request finds the longest earlier one it continues."""
+    """Requests threaded into conversations by their messages: each chat exchange indexed by
+    its request's messages, so a request finds the longest earlier one it continues."""
 
     def __init__(self) -> None:
         self.conversations: list[Conversation] = []
-        self.by_transcript: dict[str, list[tuple[Conversation, int]]] = {}
+        self.by_request: dict[str, list[tuple[Conversation, int, list[Any]]]] = {}
         self.texts: list[tuple[str, Conversation, int]] = []
+        self.continuations = 0
 
     def add(self, exchange: Exchange) -> None:
         found = self.continued(exchange.request)
@@ -118,6 +132,7 @@ class Threads:
             conversation = Conversation()
             self.conversations.append(conversation)
         else:
+            self.continuations += 1
             conversation, at = found
             if at + 1 < len(conversation.exchanges):  # a branch off an earlier turn
                 conversation = Conversation(conversation.exchanges[: at + 1], forked=True)
@@ -126,22 +141,31 @@ class Threads:
         self.index(exchange, conversation, len(conversation.exchanges) - 1)
 
     def continued(self, request: WireRequest) -> tuple[Conversation, int] | None:
-        """The conversation and turn whose transcript the request's begins with, the longest;
-        among equal ones an episode whose turn is still its newest."""
+        """The conversation and turn the request continues: the longest earlier request whose
+        messages the request's begin with, followed by an assistant message; among those
+        (twins), the one whose reply is closest to it, then one whose turn is still its
+        episode's newest, then the earliest."""
         if request.kind != CHAT:
             found = [(len(t), c, i) for t, c, i in self.texts if request.prompt.startswith(t)]
             return max(found, key=lambda f: f[0])[1:] if found else None
         messages = [canonical(m) for m in request.messages]
-        for length in range(len(messages), 1, -1):
-            places = self.by_transcript.get(json.dumps(messages[:length]))
+        for length in range(len(messages) - 1, 0, -1):
+            if messages[length][0] != "assistant":
+                continue
+            places = self.by_request.get(json.dumps(messages[:length]))
             if places:
-                newest = [p for p in places if p[1] + 1 == len(p[0].exchanges)]
-                return (newest or places)[0]
+                sent = messages[length]
+                best = max(
+                    enumerate(places),
+                    key=lambda p: (closeness(p[1][2], sent),
+                                   p[1][1] + 1 == len(p[1][0].exchanges), -p[0]),
+                )  # fmt: skip
+                return best[1][:2]
         return None
 
     def index(self, exchange: Exchange, conversation: Conversation, at: int) -> None:
         if exchange.request.kind != CHAT:
             self.texts.append((exchange.request.prompt + exchange.reply.text, conversation, at))
             return
-        key = json.dumps(transcript(exchange))
-        self.by_transcript.setdefault(key, []).append((conversation, at))
+        key = json.dumps([canonical(m) for m in exchange.request.messages])
+        self.by_request.setdefault(key, []).append((conversation, at, reply_canonical(exchange)))

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from collapsecheck.errors import CollapsecheckError
     from collapsecheck.inputs.environments import load_environment
     from collapsecheck.measures.metrics import CrossLogProbs, Estimate, compute_metrics
-    from collapsecheck.measures.verdict import Thresholds, Verdict, decide
+    from collapsecheck.measures.verdict import Support, Thresholds, Verdict, decide
     from collapsecheck.reports.report import Report
     from collapsecheck.runs.diagnose import play, scan, score
     from collapsecheck.runs.run import scan_run, score_run
@@ -34,6 +34,7 @@ _EXPORTS = {
     "CrossLogProbs": "collapsecheck.measures.metrics",
     "Estimate": "collapsecheck.measures.metrics",
     "compute_metrics": "collapsecheck.measures.metrics",
+    "Support": "collapsecheck.measures.verdict",
     "Thresholds": "collapsecheck.measures.verdict",
     "Verdict": "collapsecheck.measures.verdict",
     "decide": "collapsecheck.measures.verdict",
@@ -65,6 +66,7 @@ __all__ = [  # the names of _EXPORTS and the version (tests/test_startup.py hold
     "Estimate",
     "ReasoningSpec",
     "Report",
+    "Support",
     "Thresholds",
     "Verdict",
     "__version__",

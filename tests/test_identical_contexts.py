@@ -186,7 +186,7 @@ def test_the_trl_callback_counts_a_batchs_repeated_prompts_once(tmp_path):
     config = GRPOConfig(
         output_dir=str(tmp_path), max_steps=1, learning_rate=1e-6, per_device_train_batch_size=16,
         num_generations=4, max_completion_length=32, logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, seed=0,
+        report_to="none", use_cpu=True, bf16=False, seed=0,
     )  # fmt: skip
     trainer = GRPOTrainer(
         model=LlamaForCausalLM.from_pretrained(HEALTHY), reward_funcs=[answered], args=config,

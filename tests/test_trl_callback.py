@@ -33,6 +33,7 @@ def grpo_trainer(policy, out, steps, batch=8, use_cpu=True):
         output_dir=str(out), max_steps=steps, learning_rate=1e-4,
         per_device_train_batch_size=batch, num_generations=4, max_completion_length=32,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=use_cpu, seed=0,
+        bf16=not use_cpu,  # float32 on a CPU (docs/development.md, "Comparing floats")
     )  # fmt: skip
     return GRPOTrainer(
         model=LlamaForCausalLM.from_pretrained(policy, dtype=torch.float32),

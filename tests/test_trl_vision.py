@@ -65,7 +65,7 @@ def vision_trainer(out, steps: int) -> GRPOTrainer:
     config = GRPOConfig(
         output_dir=str(out), max_steps=steps, learning_rate=1e-5,
         per_device_train_batch_size=16, num_generations=4, max_completion_length=40,
-        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+        logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False, seed=0,
     )  # fmt: skip
     return GRPOTrainer(
         model=Qwen2VLForConditionalGeneration.from_pretrained(POLICY, dtype=torch.float32),

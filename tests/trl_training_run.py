@@ -28,7 +28,7 @@ def main(out: Path, steps: int) -> None:
     config = GRPOConfig(
         output_dir=str(out), max_steps=steps, learning_rate=1e-4, per_device_train_batch_size=8,
         num_generations=4, max_completion_length=32, logging_steps=1, save_strategy="steps",
-        save_steps=2, report_to="none", use_cpu=True, seed=0,
+        save_steps=2, report_to="none", use_cpu=True, bf16=False, seed=0,
     )  # fmt: skip
     trainer = GRPOTrainer(
         model=LlamaForCausalLM.from_pretrained(POLICY, dtype=torch.float32),

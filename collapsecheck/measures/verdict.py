@@ -11,7 +11,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from collapsecheck.formatting import format_traces
-from collapsecheck.measures.metrics import MetricValue, interval_bounds, point_value
+from collapsecheck.measures.metrics import (
+    CrossLogProbs,
+    MetricValue,
+    PromptCounts,
+    interval_bounds,
+    point_value,
+)
 from collapsecheck.measures.regimes import (
     COLLAPSES,
     GROUNDED,
@@ -43,8 +49,17 @@ class Support:
 
     @classmethod
     def of(cls, counts: Mapping[str, Any]) -> Support:
+        """From a report's `counts`."""
         names = ("responses", "scored_traces", "scored_prompts", "truncated_responses")
         return cls(*(int(counts[name]) for name in names))
+
+    @classmethod
+    def measured(cls, scores: CrossLogProbs, counts: PromptCounts) -> Support:
+        """From the matrix and the per-prompt counts `compute_metrics` read (a training
+        loop's own)."""
+        rows = scores.row_prompt.tolist()
+        return cls(int(counts.responses.sum()), len(rows), len(set(rows)),
+                   int(counts.truncated.sum()))  # fmt: skip
 
     def shortfall(self) -> str | None:
         """Why these traces cannot carry a verdict (SPEC "Enough to carry a verdict"), or
@@ -168,12 +183,9 @@ def decide(
     fit the checkpoint (`mismatch_reason`). A collapse beyond its intervals whose kind the
     entropy's interval leaves open is a collapse, `kind_uncertain`."""
     t = thresholds or Thresholds()
-    unsupported = support.shortfall()
-    if unsupported is not None:
-        return Verdict(regime=INCONCLUSIVE, style=None, partial=False, reason=unsupported)
-    mismatch = mismatch_reason(metrics)
-    if mismatch is not None:
-        return Verdict(regime=INCONCLUSIVE, style=None, partial=False, reason=mismatch)
+    cannot = support.shortfall() or mismatch_reason(metrics)
+    if cannot is not None:
+        return Verdict(regime=INCONCLUSIVE, style=None, partial=False, reason=cannot)
     dependence = [point_value(metrics[k]) for k in DEPENDENCE_KEYS]
     level = _dependence_level(dependence, t)
     entropy = metrics[ENTROPY_KEY]

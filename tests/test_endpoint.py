@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -31,6 +32,7 @@ from collapsecheck.inputs.environments.openai_wire import (
     call_id,
     read_request,
 )
+from collapsecheck.inputs.environments.responses_wire import ResponsesAPI, response_id
 from collapsecheck.inputs.environments.tool_calls import parsed_reply, require_tool_format
 from collapsecheck.runs.serving import BackendChat, request_seed
 from collapsecheck.settings import LoadSettings, SamplingSettings, Settings
@@ -149,7 +151,7 @@ def test_requests_are_read_as_chat_templates_read_them():
         ({"messages": []}, "non-empty list"),
         ({"messages": [image]}, "'image_url'"),
         ({"messages": ASK, "max_tokens": 0}, "at least 1"),
-        ({"messages": ASK, "stop": ["x"]}, "'stop': stop sequences are not applied"),
+        ({"messages": ASK, "stop": [1]}, "'stop' must be a string or a list of strings"),
         ({"messages": ASK, "logprobs": True}, "'logprobs'"),
         ({"messages": ASK, "tool_choice": "required"}, "serves 'auto' and 'none'"),
     ]
@@ -291,3 +293,156 @@ def test_a_harness_that_rewrites_its_history_still_threads_its_episodes():
     assert turn.reply.text.endswith("```")  # the model's own reply, not the rewritten one
     assert (state, next_state) == ("task", "Observation: 4")
     assert returned == (user("Observation: 4"),)
+
+
+def test_the_responses_api_is_answered_whole_streamed_and_continued(walker):
+    """SPEC "Agents behind an OpenAI client": the openai client's `responses.create` (the
+    OpenAI Agents SDK's default model speaks it), whole and streamed: `instructions` and
+    `input` are the chat a chat completion would send (the same context, so the same seed
+    rule), the reply is the response's text and its stream's deltas, and
+    `previous_response_id` continues a stored response: one episode with the chat's rule."""
+    chat, recorder, endpoint = served(walker)
+    with Serving(endpoint.app) as serving:
+        client = openai.OpenAI(base_url=serving.base_url, api_key="x", max_retries=0)
+        asked = {"model": "walker", "instructions": "Walk to the goal.",
+                 "input": "agent 1,2 goal 4,4", "max_output_tokens": 40}  # fmt: skip
+        first = client.responses.create(**asked)
+        events = list(client.responses.create(
+            model="walker", previous_response_id=first.id, max_output_tokens=40, stream=True,
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "agent 2,2"}]}],
+        ))  # fmt: skip
+        again = client.responses.create(**asked)
+    chat.close()
+    exchanges = sorted(recorder.exchanges, key=lambda e: e.number)
+    assert exchanges[0].request.messages == (
+        {"role": "system", "content": "Walk to the goal."},
+        {"role": "user", "content": "agent 1,2 goal 4,4"},
+    )
+    assert first.output_text == exchanges[0].reply.text and first.status in (
+        "completed",
+        "incomplete",
+    )
+    assert first.usage.output_tokens == len(exchanges[0].kept.sample.ids)
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == exchanges[1].reply.text == events[-1].response.output_text
+    assert exchanges[1].request.messages == (
+        *exchanges[0].request.messages,
+        {"role": "assistant", "content": exchanges[0].reply.text},
+        {"role": "user", "content": "agent 2,2"},
+    )
+    assert [len(c.exchanges) for c in assemble(exchanges)] == [2, 1]
+    # the same context again is its next repeat: another seed, another id
+    assert again.id != first.id
+    ids = exchanges[0].kept.rendered.ids
+    assert exchanges[2].kept.rendered.ids == ids
+
+
+def test_responses_function_calls_and_their_outputs_are_the_chats_tool_calls():
+    """A function_call item is an assistant's tool call (calls in a row one message), its
+    output a tool message; a reply's calls are function_call items with their seeded ids."""
+    api = ResponsesAPI()
+    request = api.read({
+        "model": "m", "input": [
+            {"role": "user", "content": "add"},
+            {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"n": 1}'},
+            {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"n": 2}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "total 1"},
+            {"type": "function_call_output", "call_id": "c2", "output": "total 3"},
+        ],
+        "tools": [{"type": "function", "name": "add", "parameters": {"type": "object"}}],
+    })  # fmt: skip
+    assert [m["role"] for m in request.messages] == ["user", "assistant", "tool", "tool"]
+    calls = request.messages[1]["tool_calls"]
+    assert [(c["id"], c["function"]["arguments"]) for c in calls] == [
+        ("c1", {"n": 1}),
+        ("c2", {"n": 2}),
+    ]
+    assert request.tools == ({"type": "function", "function": {
+        "name": "add", "parameters": {"type": "object"}}},)  # fmt: skip
+    reply = WireReply("x", "", (ToolCall("add", {"n": 4}, call_id(3, 0)),), False, 5, 2, 3)
+    (item,) = api.body(request, reply)["output"]
+    assert (item["type"], item["call_id"], item["name"]) == ("function_call", call_id(3, 0), "add")
+    assert json.loads(item["arguments"]) == {"n": 4}
+    api.keep(request, reply)
+    continued = api.read(
+        {
+            "model": "m",
+            "previous_response_id": response_id(reply),
+            "input": [
+                {"type": "function_call_output", "call_id": call_id(3, 0), "output": "total 7"}
+            ],
+        }
+    )
+    assert continued.messages[:4] == request.messages
+    assert continued.messages[4]["tool_calls"][0]["function"]["arguments"] == {"n": 4}
+    assert continued.messages[5] == {"role": "tool", "tool_call_id": call_id(3, 0),
+                                     "content": "total 7"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "structured output"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "function tools only"),
+        ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "a 'reasoning' item"),
+        ({"input": "x", "previous_response_id": "resp_nope"}, "no such response"),
+    ],
+)
+def test_what_the_responses_api_cannot_serve_is_refused(body, said):
+    with pytest.raises(Unservable, match=said):
+        ResponsesAPI().read({"model": "m", **body})
+
+
+def test_a_route_it_does_not_serve_is_a_404_naming_it(walker):
+    chat, recorder, endpoint = served(walker)
+    with Serving(endpoint.app) as serving:
+        answer = httpx.post(f"{serving.base_url}/embeddings", json={"input": "x"})
+    chat.close()
+    assert answer.status_code == 404
+    assert "POST /v1/embeddings: the endpoint serves" in answer.json()["error"]["message"]
+    assert "/v1/responses" in recorder.refused()
+
+
+def test_stop_strings_end_the_reply_as_vllm_ends_it(walker):
+    """SPEC "Agents behind an OpenAI client": a request's `stop` strings end its reply before
+    the first one the sampled text completes (left out), finish "stop"; the recorded sample is
+    the tokens before it: the reply the same request draws without them, cut (sampling past
+    the stop changes none of the tokens before it)."""
+    replies, recorded = [], []
+    for stop in (None, "x"):  # two scans' endpoints: the same request, the same seed
+        chat, recorder, endpoint = served(walker)
+        with Serving(endpoint.app) as serving:
+            client = openai.OpenAI(base_url=serving.base_url, api_key="x", max_retries=0)
+            if stop is not None:  # three characters from the middle of the whole reply
+                full = replies[0].choices[0].message.content
+                stop = [full[len(full) // 2 : len(full) // 2 + 3], "never written"]
+            replies.append(client.chat.completions.create(model="m", messages=ASK,
+                                                          max_tokens=40, stop=stop))  # fmt: skip
+        chat.close()
+        recorded.append(recorder.exchanges[0])
+    full, text = (r.choices[0].message.content for r in replies)
+    assert replies[1].choices[0].finish_reason == "stop"
+    assert full.startswith(text) and stop[0] not in text and full.index(stop[0]) == len(text)
+    drawn = walker.decode(recorded[1].kept.sample.ids)
+    assert recorded[1].reply.text == text and not recorded[1].kept.sample.truncated
+    assert recorded[0].kept.sample.ids[: len(recorded[1].kept.sample.ids)] == (
+        recorded[1].kept.sample.ids
+    )
+    assert text.startswith(drawn) and len(text) - len(drawn) <= 3  # short of a token at most
+
+
+def test_the_stop_string_completed_first_ends_the_reply():
+    from collapsecheck.inputs.samples import Sample
+    from collapsecheck.runs.serving import at_stop
+
+    def decode(ids):
+        return "".join(chr(96 + i) for i in ids)  # 1 -> "a", 2 -> "b", ...
+
+    sample = Sample((1, 2, 3, 4, 5, 6), truncated=True)  # "abcdef"
+    assert at_stop(sample, ("abcdef", "cd"), decode) == (Sample((1, 2), False), "ab")
+    assert at_stop(sample, ("e",), decode) == (Sample((1, 2, 3, 4), False), "abcd")
+    assert at_stop(sample, ("zz",), decode) == (sample, "abcdef")
+    assert at_stop(sample, (), decode) == (sample, "abcdef")

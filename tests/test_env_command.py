@@ -17,6 +17,7 @@ from tests.conftest import run_collapsecheck as collapsecheck
 
 WALKER = EXAMPLES / "agents" / "walker"
 UNDOER = EXAMPLES / "agents" / "undoer"
+TOOL_CALLER = EXAMPLES / "agents" / "tool-caller"  # scripts/make_tool_agent.py
 HARNESS = ROOT / "examples" / "harnesses" / "gridworld_agent.py"
 
 
@@ -73,6 +74,32 @@ def test_a_harness_that_sends_no_reply_back_is_said_to(tmp_path):
     assert done.returncode == 0, done.stderr
     said = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines
     assert said.count("each request is its own episode: the harness sends no earlier reply") == 1
+
+
+def test_the_openai_agents_sdks_default_model_plays_with_its_tool(tmp_path):
+    """SPEC "Agents behind an OpenAI client": an OpenAI Agents SDK agent as its users run it
+    (its default model speaks the Responses API; only OPENAI_BASE_URL set), the tool-calling
+    agent calling the SDK's `add` tool: each episode is threaded across its requests (the
+    SDK sends the whole input back as items), its tool output carries the reply's seeded call
+    id, and a rerun records the same bytes."""
+    pytest.importorskip("agents", reason="the OpenAI Agents SDK comes with the verifiers extra")
+    agent = EXAMPLES / "harnesses" / "agents_sdk_adder.py"
+    command = f"command:{sys.executable} {agent} --starts 2 --episodes 2 --model {{model}}"
+    recorded = []
+    for run in ("first", "again"):
+        done = collapsecheck("scan", TOOL_CALLER, "--env", command, "--max-new-tokens", "96",
+                             "--dump", tmp_path / run, "--fail-on", "none")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "4 episodes from 2 start states" in done.stdout
+        recorded.append((tmp_path / run / "episodes.jsonl").read_bytes())
+    assert recorded[0] == recorded[1]
+    called = [e for e in episodes(tmp_path / "first") if len(e["turns"]) > 1]
+    assert called, "no episode called the tool"
+    for episode in called:
+        first = episode["turns"][0]
+        (tool,) = first["returned"]
+        assert tool["role"] == "tool" and tool["content"].startswith("total ")
+        assert tool["tool_call_id"].startswith("call_") and first["given"].startswith("[{")
 
 
 def test_two_checkpoints_under_one_harness_pair_by_start_state():

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,27 @@ def request_seed(seed: int, ids: Sequence[int], repeat: int) -> int:
     return int(np.random.SeedSequence([seed, *words, repeat]).generate_state(1)[0])
 
 
+def at_stop(
+    sample: Sample, stops: Sequence[str], decode: Callable[[Sequence[int]], str]
+) -> tuple[Sample, str]:
+    """The reply as vLLM's server returns it to a request with stop strings (SPEC "Agents
+    behind an OpenAI client"): its text ends before the stop string that its sampled text
+    completes first (earliest end, then earliest start), which is left out, and the reply is
+    not cut by the token limit (finish "stop"). The sample keeps the tokens whose text lies
+    before that point: what the harness received, short of a token where the string begins
+    inside one. The tokens after a stop string change none before it, so the cut is what
+    stopping there would have drawn. Without a stop string in the text, as sampled."""
+    text = decode(sample.ids)
+    found = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+    if not found:
+        return sample, text
+    cut = min(found)[1]
+    kept = len(sample.ids)
+    while kept and len(decode(sample.ids[:kept])) > cut:
+        kept -= 1
+    return Sample(tuple(sample.ids[:kept]), truncated=False), text[:cut]
+
+
 class BackendChat:
     """`endpoint.ChatModel` over the scan's backend."""
 
@@ -74,8 +95,7 @@ class BackendChat:
                 self.seen[key] += 1
             seed = request_seed(self.settings.analysis.seed, rendered.ids, repeat)
             waiting = self.sampler.submit(rendered.ids, params, seed)
-        sample = waiting.result()
-        text = self.backend.decode(sample.ids)
+        sample, text = at_stop(waiting.result(), request.stop, self.backend.decode)
         content, calls = parsed_reply(text, found, self.backend.tokenizer, seed)
         pieces = self.pieces(sample.ids, text) if request.stream else ()
         reply = WireReply(text, content, calls, sample.truncated, len(rendered.ids),

@@ -1,9 +1,11 @@
 """collapsecheck's own OpenAI-compatible endpoint (SPEC "Agents behind an OpenAI client"): an
 ASGI app (Starlette) answering `/v1/models`, `/v1/chat/completions` (streamed as server-sent
-events where asked) and `/v1/completions` from a `ChatModel` (the scan's backend, seeded), and
-recording every request with its reply. `command:` serves it on 127.0.0.1 (uvicorn, a free
-port); `verifiers:` reaches it in process (`in_process_client`: httpx's ASGI transport, no
-socket). What the recording holds becomes episodes in `conversations`."""
+events where asked), `/v1/completions` and the Responses API's `/v1/responses`
+(`responses_wire`, streamed as its events) from a `ChatModel` (the scan's backend, seeded),
+and recording every request with its reply; any other route is a 404 naming it. `command:`
+serves it on 127.0.0.1 (uvicorn, a free port); `verifiers:` reaches it in process
+(`in_process_client`: httpx's ASGI transport, no socket). What the recording holds becomes
+episodes in `conversations`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,6 +30,7 @@ from collapsecheck.inputs.environments.openai_wire import (
     read_request,
     stream_events,
 )
+from collapsecheck.inputs.environments.responses_wire import ResponsesAPI
 
 EPISODE_HEADER = "x-collapsecheck-episode"  # an adapter that knows its episodes names them
 
@@ -123,20 +127,60 @@ def endpoint_app(model: ChatModel, recorder: Recorder) -> Any:
     async def models(_: Any) -> Any:
         return JSONResponse(models_body(model.name))
 
-    async def chat(request: Any) -> Any:
-        return await served(request, CHAT, model, recorder)
+    apis = {"/v1/chat/completions": Completions(CHAT), "/v1/completions": Completions(TEXT),
+            "/v1/responses": ResponsesAPI()}  # fmt: skip
 
-    async def text(request: Any) -> Any:
-        return await served(request, TEXT, model, recorder)
+    async def answer(request: Any) -> Any:
+        return await served(request, apis[request.url.path], model, recorder)
+
+    async def unserved(request: Any) -> Any:
+        said = (f"{request.method} {request.url.path}: the endpoint serves GET /v1/models and "
+                f"POST {', '.join(apis)}")  # fmt: skip
+        recorder.arrived()
+        recorder.answered(refusal=said)
+        return JSONResponse(error_body(said), status_code=404)
 
     return Starlette(routes=[
         Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", text, methods=["POST"]),
+        *(Route(path, answer, methods=["POST"]) for path in apis),
+        Route("/{path:path}", unserved, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ])  # fmt: skip
 
 
-async def served(http: Any, kind: str, model: ChatModel, recorder: Recorder) -> Any:
+class WireAPI(Protocol):
+    """An API the endpoint speaks: a body read into the request the model answers, the reply
+    written back whole or streamed, and what the API keeps of it (a response to continue)."""
+
+    def read(self, body: Any) -> WireRequest: ...
+
+    def body(self, request: WireRequest, reply: WireReply) -> dict[str, Any]: ...
+
+    def events(self, request: WireRequest, reply: WireReply) -> Iterator[str]: ...
+
+    def keep(self, request: WireRequest, reply: WireReply) -> None: ...
+
+
+@dataclass(frozen=True)
+class Completions:
+    """`/v1/chat/completions` (CHAT) or `/v1/completions` (TEXT), as vLLM's server speaks
+    them (`openai_wire`)."""
+
+    kind: str
+
+    def read(self, body: Any) -> WireRequest:
+        return read_request(self.kind, body)
+
+    def body(self, request: WireRequest, reply: WireReply) -> dict[str, Any]:
+        return completion_body(request, reply)
+
+    def events(self, request: WireRequest, reply: WireReply) -> Iterator[str]:
+        return stream_events(request, reply)
+
+    def keep(self, request: WireRequest, reply: WireReply) -> None:
+        """Nothing: a completion is continued by sending its messages again."""
+
+
+async def served(http: Any, api: WireAPI, model: ChatModel, recorder: Recorder) -> Any:
     """One request: read, answered by the model in a worker thread, recorded, sent back whole
     or streamed; refused with an OpenAI-style error where it cannot be served."""
     from anyio import to_thread
@@ -144,7 +188,7 @@ async def served(http: Any, kind: str, model: ChatModel, recorder: Recorder) -> 
 
     number = recorder.arrived()
     try:
-        request = read_request(kind, json.loads(await http.body() or b"null"))
+        request = api.read(json.loads(await http.body() or b"null"))
         reply, kept = await to_thread.run_sync(model.answer, request)
     except (Unservable, json.JSONDecodeError) as refusal:
         said = f"request {number} ({http.url.path}): {refusal}"
@@ -154,9 +198,10 @@ async def served(http: Any, kind: str, model: ChatModel, recorder: Recorder) -> 
         recorder.faulted(fault)
         return JSONResponse(error_body(str(fault)), status_code=500)
     recorder.answered(Exchange(number, request, reply, http.headers.get(EPISODE_HEADER), kept))
+    api.keep(request, reply)
     if request.stream:
-        return StreamingResponse(stream_events(request, reply), media_type="text/event-stream")
-    return JSONResponse(completion_body(request, reply))
+        return StreamingResponse(api.events(request, reply), media_type="text/event-stream")
+    return JSONResponse(api.body(request, reply))
 
 
 class Serving:

@@ -27,7 +27,8 @@ class WireRequest:
     text, an assistant's tool calls with their arguments as objects, as chat templates read
     them) or `prompt` (text); `tools`: the request's, as the template is given them;
     `temperature`, `top_p`, `max_tokens`: None where the request leaves them to the server;
-    `calls`: whether tool calls are read out of the reply (False: `tool_choice` "none")."""
+    `calls`: whether tool calls are read out of the reply (False: `tool_choice` "none");
+    `stop`: the strings the reply ends before (`runs.serving.at_stop`)."""
 
     kind: str
     model: str
@@ -40,6 +41,7 @@ class WireRequest:
     stream: bool = False
     include_usage: bool = False
     calls: bool = True
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def read_request(kind: str, body: Any) -> WireRequest:
         "max_tokens": None if limit is None else positive(limit, "max_tokens"),
         "stream": bool(body.get("stream")),
         "include_usage": bool(options.get("include_usage")),
+        "stop": stop_strings(body.get("stop")),
     }
     if kind == TEXT:
         return WireRequest(TEXT, prompt=text_prompt(body.get("prompt")), **common)
@@ -127,8 +130,6 @@ def read_request(kind: str, body: Any) -> WireRequest:
 
 
 UNSERVED = {
-    "stop": "stop sequences are not applied (a reply ends at the end-of-sequence token or the "
-    "token limit, as the scan samples)",
     "logprobs": "log-probabilities are not returned (the scan scores the replies itself)",
     "top_logprobs": "log-probabilities are not returned (the scan scores the replies itself)",
     "echo": "the prompt is not echoed",
@@ -143,6 +144,16 @@ def refuse_unserved(body: Mapping[str, Any]) -> None:
         value = body.get(key)
         if value and not (key == "best_of" and value == 1):
             raise Unservable(f"'{key}': {why}")
+
+
+def stop_strings(value: Any) -> tuple[str, ...]:
+    """`stop`: a string or a list of strings (empty ones ask nothing)."""
+    if value is None:
+        return ()
+    given = [value] if isinstance(value, str) else value
+    if not isinstance(given, list) or not all(isinstance(v, str) for v in given):
+        raise Unservable("'stop' must be a string or a list of strings")
+    return tuple(v for v in given if v)
 
 
 def stream_options(body: Mapping[str, Any]) -> Mapping[str, Any]:

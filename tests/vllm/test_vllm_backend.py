@@ -217,6 +217,34 @@ def test_a_played_scans_episodes_share_their_context_through_the_prefix_cache(en
     assert all(len(drawn) > 1 for drawn in replies.values())
 
 
+def test_a_played_scan_draws_on_vllm_the_episodes_it_drew_before(tmp_path):
+    """Issue 79 on vLLM: the demo gridworld played by the walker through a fresh engine gives
+    the ids it gave before (tests/fixtures/played-before-sharing/episodes-vllm.json): the K
+    episodes of a start share their context through the prefix cache, each request keeping
+    its own seed, and the whole prefill on CPU changes none of them."""
+    import json
+
+    from collapsecheck.inputs.environments import load_environment
+    from collapsecheck.runs.diagnose import play
+    from collapsecheck.settings import EnvSettings
+
+    walker = EXAMPLES / "agents" / "walker"
+    before = EXAMPLES.parent / "tests" / "fixtures" / "played-before-sharing"
+    sampler = VLLMBackend(require_checkpoint(walker), LoadSettings(device="cpu", dtype="float32"))
+    scorer = TransformersBackend.from_checkpoint(walker, LoadSettings(device="cpu",
+                                                                      dtype="float32"))  # fmt: skip
+    grid = f"{EXAMPLES / 'environments' / 'gridworld.py'}:make"
+    try:
+        play(walker, load_environment(grid, {}), env=EnvSettings(env=grid, max_turns=4,
+             context_window=1), loaded=SplitBackend(sampler, scorer), dump=tmp_path,
+             num_prompts=4, k=4, max_new_tokens=32, device="cpu", bootstrap=50)  # fmt: skip
+    finally:
+        sampler.close()
+    rows = [json.loads(line) for line in (tmp_path / "traces.jsonl").open()]
+    drawn = [[r["prompt_index"], r["sample_index"], r["response_ids"]] for r in rows]
+    assert drawn == json.loads((before / "episodes-vllm.json").read_text())
+
+
 def engine_processes():
     """Child processes other than multiprocessing's resource tracker, which lives as long as
     the test process whatever the engine does."""

@@ -235,6 +235,11 @@ def test_preallocated_layer_holds_what_concatenation_holds():
 
     keys, values = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
     picked = torch.tensor([1, 0, 1, 1])  # prefilled row 1 read by three decoded rows
+    assert Readers.of(picked).repeats is None and Readers.of(picked.flip(0)).repeats is None
+    in_order = torch.tensor([0, 0, 1, 1])  # a plain scan's K = 2: one copy does them all
+    assert Readers.of(in_order).repeats == 2
+    repeated = PreallocatedLayer(keys, values, Readers.of(in_order), capacity=6)
+    assert torch.equal(repeated.keys, keys[in_order])
     layer = PreallocatedLayer(keys, values, Readers.of(picked), capacity=6)
     expected_keys = keys[picked]
     assert torch.equal(layer.values, values[picked])

@@ -22,22 +22,38 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 @dataclass(frozen=True)
 class Readers:
     """Which decoded rows read each prefilled row: `groups` (prefilled row, the decoded rows'
-    numbers), `decoded` rows in all."""
+    numbers), `decoded` rows in all; `repeats` where every prefilled row is read by that many
+    rows in a row, in order (a plain scan's K samples of each prompt): one copy does them."""
 
     groups: tuple[tuple[int, torch.Tensor], ...]
     decoded: int
+    repeats: int | None
 
     @classmethod
     def of(cls, picked: torch.Tensor) -> Readers:
         """From `picked`, decoded row r's prefilled row at r."""
+        rows = picked.tolist()
         groups: dict[int, list[int]] = {}
-        for decoded, row in enumerate(picked.tolist()):
+        for decoded, row in enumerate(rows):
             groups.setdefault(row, []).append(decoded)
+        repeats = len(rows) // max(len(groups), 1)
+        in_order = rows == [row for row in range(len(groups)) for _ in range(repeats)]
         where = picked.device
         return cls(
-            tuple((row, torch.tensor(rows, device=where)) for row, rows in groups.items()),
-            len(picked),
-        )
+            tuple((row, torch.tensor(read, device=where)) for row, read in groups.items()),
+            len(rows), repeats if in_order else None,
+        )  # fmt: skip
+
+    def copy(self, states: torch.Tensor, buffer: torch.Tensor) -> None:
+        """The prefilled `states` into the first positions of the decoded rows' `buffer`."""
+        length = states.shape[-2]
+        if self.repeats is not None:
+            batch, heads, capacity, width = states.shape[0], *buffer.shape[1:]
+            spread = buffer.view(batch, self.repeats, heads, capacity, width)
+            spread[..., :length, :] = states[:, None]
+            return
+        for row, rows in self.groups:
+            buffer[rows, :, :length, :] = states[row]
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -60,10 +76,9 @@ class PreallocatedLayer(DynamicLayer):
     def _buffer(states: torch.Tensor, readers: Readers, capacity: int) -> torch.Tensor:
         """The decoded rows' buffer, the prefilled part copied a prefilled row at a time (no
         gathered copy of the whole prefix beside the buffer)."""
-        _, heads, length, width = states.shape
+        _, heads, _, width = states.shape
         buffer = states.new_empty((readers.decoded, heads, capacity, width))
-        for row, rows in readers.groups:
-            buffer[rows, :, :length, :] = states[row]
+        readers.copy(states, buffer)
         return buffer
 
     def _show_filled(self, length: int) -> None:

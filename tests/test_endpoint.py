@@ -389,6 +389,8 @@ def test_responses_function_calls_and_their_outputs_are_the_chats_tool_calls():
         ({"input": "x", "tool_choice": "required"}, "tool_choice"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "a 'reasoning' item"),
         ({"input": "x", "previous_response_id": "resp_nope"}, "no such response"),
+        ({"input": "x", "top_logprobs": 2}, "log-probabilities are not returned"),
+        ({"input": "x", "include": ["message.output_text.logprobs"]}, "log-probabilities"),
     ],
 )
 def test_what_the_responses_api_cannot_serve_is_refused(body, said):

@@ -84,6 +84,8 @@ def refuse_unserved(body: Mapping[str, Any]) -> None:
         )
     if body.get("background"):
         raise Unservable("background: responses are answered while the request waits")
+    if body.get("top_logprobs") or "message.output_text.logprobs" in (body.get("include") or []):
+        raise Unservable("log-probabilities are not returned (the scan scores the replies itself)")
     if body.get("conversation") is not None:
         raise Unservable("conversation: the endpoint keeps responses, not conversations "
                          "(continue one by previous_response_id)")  # fmt: skip

@@ -140,7 +140,11 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_partial_file(tmp_path, monke
     dump = tmp_path / "dump"
     with pytest.raises(CollapsecheckError, match=r"prompts.jsonl: cannot write \(No space left"):
         scan(HEALTHY, PROMPTS, dump=dump, **FAST)
-    assert [p.name for p in dump.iterdir()] == []
+    assert not dump.exists()  # nothing of the stopped scan's is left, its folder included
+    dump.mkdir()
+    with pytest.raises(CollapsecheckError, match=r"prompts.jsonl: cannot write \(No space left"):
+        scan(HEALTHY, PROMPTS, dump=dump, **FAST)
+    assert [p.name for p in dump.iterdir()] == []  # a folder the user made stays, empty
 
 
 def test_sigterm_keeps_finished_checkpoints(tmp_path):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from collapsecheck.formatting import format_traces
+from collapsecheck.formatting import format_traces, plural
 from collapsecheck.measures.metrics import (
     CrossLogProbs,
     MetricValue,
@@ -67,22 +67,17 @@ class Support:
         if self.scored_prompts >= MIN_SCORED_PROMPTS:
             return None
         unscored = self.responses - self.scored_traces
-        why = (
-            f": {unscored} {'has' if unscored == 1 else 'have'} no reasoning segment"
-            if unscored
-            else ""
-        )
+        verb = "has" if unscored == 1 else "have"
+        why = f": {unscored} {verb} no reasoning segment" if unscored else ""
         cut = (
             f" ({self.truncated_responses} of the responses cut by the length limit)"
             if self.truncated_responses else ""
         )  # fmt: skip
-        traces = "trace" if self.scored_traces == 1 else "traces"
-        prompts = "prompt" if self.scored_prompts == 1 else "prompts"
+        scored, prompts = plural(self.scored_traces, "trace"), plural(self.scored_prompts, "prompt")
         return (
-            f"{self.scored_traces} {traces} scored of {self.responses}{why}{cut}; they come "
-            f"from {self.scored_prompts} {prompts}, and a verdict needs scored traces from at "
-            f"least {MIN_SCORED_PROMPTS}: raise the number of prompts (N) or samples (K), or "
-            "name the reasoning segment the responses write"
+            f"{scored} scored of {self.responses}{why}{cut}; they come from {prompts}, and a "
+            f"verdict needs scored traces from at least {MIN_SCORED_PROMPTS}: raise the number "
+            "of prompts (N) or samples (K), or name the reasoning segment the responses write"
         )
 
 

@@ -74,8 +74,8 @@ class PreallocatedLayer(DynamicLayer):
 
     @staticmethod
     def _buffer(states: torch.Tensor, readers: Readers, capacity: int) -> torch.Tensor:
-        """The decoded rows' buffer, the prefilled part copied a prefilled row at a time (no
-        gathered copy of the whole prefix beside the buffer)."""
+        """The decoded rows' buffer, its first positions the prefilled rows that each reads
+        (`Readers.copy`: no gathered copy of the whole prefix beside the buffer)."""
         _, heads, _, width = states.shape
         buffer = states.new_empty((readers.decoded, heads, capacity, width))
         readers.copy(states, buffer)

@@ -364,11 +364,11 @@ class TransformersBackend(TransformersScoring):
         """K samples for each prompt, drawn from its own seeded generator (`seeds`), prompt i
         read from prefilled row `prefilled[i]` (of `cache`, `logits`, `mask` and the last
         `position`): rows that share a prefill are copied apart here, where they begin to
-        diverge. Which rows have ended
-        is read every ENDED_READ_EVERY steps: once a quarter of the decoded rows have, they
-        leave the batch (its cache, mask and positions keep the others), unless the cache is
-        of a model's own class (`preallocate`). The cache and the mask are sized for the whole
-        decode once (`decode_cache`): a step writes its own token's part."""
+        diverge. Which rows have ended is read every ENDED_READ_EVERY steps: once a quarter of
+        the decoded rows have, they leave the batch (its cache, mask and positions keep the
+        others), unless the cache is of a model's own class (`preallocate`). The cache and the
+        mask are sized for the whole decode once (`decode_cache`): a step writes its own
+        token's part."""
         k = params.k
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         total = len(seeds) * k

@@ -124,7 +124,6 @@ class Threads:
         self.conversations: list[Conversation] = []
         self.by_request: dict[str, list[tuple[Conversation, int, list[Any]]]] = {}
         self.texts: list[tuple[str, Conversation, int]] = []
-        self.continuations = 0
 
     def add(self, exchange: Exchange) -> None:
         found = self.continued(exchange.request)
@@ -132,7 +131,6 @@ class Threads:
             conversation = Conversation()
             self.conversations.append(conversation)
         else:
-            self.continuations += 1
             conversation, at = found
             if at + 1 < len(conversation.exchanges):  # a branch off an earlier turn
                 conversation = Conversation(conversation.exchanges[: at + 1], forked=True)

@@ -210,8 +210,9 @@ def read_message(message: Any, index: int) -> dict[str, Any]:
     return read
 
 
-def content_text(content: Any, where: str) -> str:
-    """A message's content as text: a string, or text parts joined (no images)."""
+def content_text(content: Any, where: str, parts: Sequence[str] = ("text",)) -> str:
+    """A message's content as text: a string, or text parts (of the types `parts` names)
+    joined (no images)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -219,7 +220,7 @@ def content_text(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
+            if not (isinstance(part, dict) and part.get("type") in parts):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise Unservable(f"{where}: a {kind!r} content part (text parts only)")
             texts.append(str(part.get("text", "")))

@@ -14,16 +14,18 @@ from typing import Any
 
 from collapsecheck.inputs.environments.openai_wire import (
     CHAT,
+    UNSERVED,
     Unservable,
     WireReply,
     WireRequest,
     content_pieces,
+    content_text,
     read_message,
     read_request,
     seeded_id,
 )
 
-TEXT_PARTS = ("input_text", "output_text", "text")
+TEXT_PARTS = ("input_text", "output_text", "text")  # the content parts read as text
 
 
 class ResponsesAPI:
@@ -85,7 +87,7 @@ def refuse_unserved(body: Mapping[str, Any]) -> None:
     if body.get("background"):
         raise Unservable("background: responses are answered while the request waits")
     if body.get("top_logprobs") or "message.output_text.logprobs" in (body.get("include") or []):
-        raise Unservable("log-probabilities are not returned (the scan scores the replies itself)")
+        raise Unservable(UNSERVED["logprobs"])
     if body.get("conversation") is not None:
         raise Unservable("conversation: the endpoint keeps responses, not conversations "
                          "(continue one by previous_response_id)")  # fmt: skip
@@ -113,7 +115,10 @@ def with_item(messages: list[dict[str, Any]], item: Any, where: str) -> list[dic
     kind = item.get("type", "message")
     if kind == "message":
         role = {"developer": "system"}.get(item.get("role"), item.get("role"))
-        return [*messages, {"role": role, "content": item_text(item.get("content"), where)}]
+        return [
+            *messages,
+            {"role": role, "content": content_text(item.get("content"), where, TEXT_PARTS)},
+        ]
     if kind == "function_call":
         function = {"name": item.get("name"), "arguments": item.get("arguments")}
         call = {"id": item.get("call_id"), "type": "function", "function": function}
@@ -123,24 +128,9 @@ def with_item(messages: list[dict[str, Any]], item: Any, where: str) -> list[dic
         return [*messages, {"role": "assistant", "content": "", "tool_calls": [call]}]
     if kind == "function_call_output":
         output = item.get("output")
-        text = output if isinstance(output, str) else item_text(output, where)
+        text = output if isinstance(output, str) else content_text(output, where, TEXT_PARTS)
         return [*messages, {"role": "tool", "tool_call_id": item.get("call_id"), "content": text}]
     raise Unservable(f"{where}: a {kind!r} item (messages, function calls and their outputs)")
-
-
-def item_text(content: Any, where: str) -> str:
-    """A message item's content as text: a string, or text parts joined (no images)."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if not isinstance(content, list):
-        raise Unservable(f"{where}: content must be text or a list of text parts")
-    texts = []
-    for part in content:
-        if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise Unservable(f"{where}: a {kind!r} content part (text parts only)")
-        texts.append(str(part.get("text", "")))
-    return "".join(texts)
 
 
 def chat_tool(tool: Any, index: int) -> dict[str, Any]:

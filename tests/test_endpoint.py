@@ -49,7 +49,7 @@ def walker():
 
 
 def served(walker, **sampling) -> tuple[BackendChat, Recorder, Endpoint]:
-    settings = Settings(sampling=SamplingSettings(max_new_tokens=40, **sampling))
+    settings = Settings(sampling=SamplingSettings(**{"max_new_tokens": 40, **sampling}))
     chat = BackendChat(walker, settings, "walker", "--env test")
     recorder = Recorder()
     return chat, recorder, Endpoint(endpoint_app(chat, recorder), recorder, "walker")
@@ -153,7 +153,10 @@ def test_requests_are_read_as_chat_templates_read_them():
         ({"messages": ASK, "max_tokens": 0}, "at least 1"),
         ({"messages": ASK, "stop": [1]}, "'stop' must be a string or a list of strings"),
         ({"messages": ASK, "logprobs": True}, "'logprobs'"),
-        ({"messages": ASK, "tool_choice": "required"}, "serves 'auto' and 'none'"),
+        ({"messages": ASK, "tool_choice": "required"}, "without 'tools'"),
+        ({"messages": ASK, "tool_choice": "any"}, "serves 'auto', 'none', 'required'"),
+        ({"messages": ASK, "response_format": {"type": "json_schema"}}, "json_schema.schema"),
+        ({"messages": ASK, "response_format": {"type": "yaml"}}, "serves 'text', 'json_object'"),
     ]
     for bad, why in refused:
         with pytest.raises(Unservable, match=why):
@@ -384,9 +387,9 @@ def test_responses_function_calls_and_their_outputs_are_the_chats_tool_calls():
 @pytest.mark.parametrize(
     ("body", "said"),
     [
-        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "structured output"),
+        ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "json_schema.schema"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "function tools only"),
-        ({"input": "x", "tool_choice": "required"}, "tool_choice"),
+        ({"input": "x", "tool_choice": "required"}, "without 'tools'"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "a 'reasoning' item"),
         ({"input": "x", "previous_response_id": "resp_nope"}, "no such response"),
         ({"input": "x", "top_logprobs": 2}, "log-probabilities are not returned"),

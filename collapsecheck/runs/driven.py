@@ -6,6 +6,7 @@ the episodes and turns every other played scan has (`episodes.Played`)."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,30 @@ def drive(
             "earlier turn another request had already continued (a retry or a branch): each "
             "branch is an episode of its own, with the turns before it"
         )
+    constrained = constrained_note(recorder.exchanges, source.spec)
+    if constrained:
+        notes.append(constrained)
     if len(recorder.exchanges) > 1 and all(len(c.exchanges) == 1 for c in conversations):
         notes.append(
             f"--env {source.spec}: each request is its own episode: the harness sends no "
             "earlier reply back"
         )
     return conversations, dict(driven.ends), notes, single_temperature(recorder, settings)
+
+
+def constrained_note(exchanges: Sequence[Exchange], spec: str) -> str:
+    """How many replies were sampled under a constraint the harness asked, and by what; each
+    is scored as the unconstrained policy's trace (SPEC "Constrained replies")."""
+    asked = Counter(e.kept.constrained for e in exchanges if e.kept.constrained)
+    if not asked:
+        return ""
+    count, replies = sum(asked.values()), "reply" if len(exchanges) == 1 else "replies"
+    kinds = ", ".join(f"{n} by {kind}" for kind, n in sorted(asked.items()))
+    return (
+        f"--env {spec}: {count} of {len(exchanges)} {replies} "
+        f"{'was' if count == 1 else 'were'} constrained ({kinds}): each is scored as the "
+        "policy's own trace, under the unconstrained policy"
+    )
 
 
 def single_temperature(recorder: Recorder, settings: Settings) -> float | None:

@@ -1,8 +1,9 @@
 """The scan's backend answering the endpoint's requests (SPEC "Agents behind an OpenAI client"):
 each request rendered by the checkpoint's chat template (its tools included), sampled once at
-a seed derived from --seed, its context and how many times that context came before, its tool
-calls read in the template's format. Requests that arrive together are sampled in one
-`generate` call (each with its own seed, so a batch's make-up never changes a reply)."""
+a seed derived from --seed, its context and how many times that context came before (under the
+JSON schema a `response_format` or a forced `tool_choice` asks), its tool calls read in the
+template's format (or out of a forced reply's JSON). Requests that arrive together are sampled
+in one `generate` call (each with its own seed, so a batch's make-up never changes a reply)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ from collapsecheck.inputs.environments.openai_wire import (
     WireReply,
     WireRequest,
 )
-from collapsecheck.inputs.environments.tool_calls import parsed_reply, require_tool_format
+from collapsecheck.inputs.environments.tool_calls import (
+    forced_calls,
+    parsed_reply,
+    require_tool_format,
+)
 from collapsecheck.inputs.prompts import Prompt, RenderedPrompt, render_prompt
 from collapsecheck.inputs.samples import Sample
 from collapsecheck.settings import Settings
@@ -38,13 +43,15 @@ GATHER_LIMIT_S = 1.0  # and at most, while requests are still being rendered
 
 @dataclass(frozen=True)
 class Served:
-    """What the scan keeps of one request: the prompt as rendered, the one sample, and the
-    temperature it was sampled at."""
+    """What the scan keeps of one request: the prompt as rendered, the one sample, the
+    temperature it was sampled at, and what constrained it ("": nothing; else such as
+    "response_format json_schema")."""
 
     prompt: Prompt
     rendered: RenderedPrompt
     sample: Sample
     temperature: float
+    constrained: str = ""
 
 
 def request_seed(seed: int, ids: Sequence[int], repeat: int) -> int:
@@ -96,11 +103,17 @@ class BackendChat:
             seed = request_seed(self.settings.analysis.seed, rendered.ids, repeat)
             waiting = self.sampler.submit(rendered.ids, params, seed)
         sample, text = at_stop(waiting.result(), request.stop, self.backend.decode)
-        content, calls = parsed_reply(text, found, self.backend.tokenizer, seed)
+        constrained = request.constrained
+        if constrained is not None and constrained.forced:
+            content, calls = forced_calls(text, constrained, seed)
+        else:
+            content, calls = parsed_reply(text, found, self.backend.tokenizer, seed)
         pieces = self.pieces(sample.ids, text) if request.stream else ()
+        named = constrained is not None and constrained.function is not None
         reply = WireReply(text, content, calls, sample.truncated, len(rendered.ids),
-                          len(sample.ids), seed, pieces)  # fmt: skip
-        return reply, Served(prompt, rendered, sample, params.temperature)
+                          len(sample.ids), seed, pieces, named=named)  # fmt: skip
+        asked = constrained.asked if constrained is not None else ""
+        return reply, Served(prompt, rendered, sample, params.temperature, asked)
 
     def prepared(
         self, request: WireRequest
@@ -143,7 +156,8 @@ class BackendChat:
                 f"model's {room}"
             )
         top_p = sampling.top_p if request.top_p is None else min(request.top_p, 1.0) or 1.0
-        return SamplingParams(1, float(temperature), top_p, limit, 0)
+        schema = request.constrained.schema if request.constrained is not None else None
+        return SamplingParams(1, float(temperature), top_p, limit, 0, json_schema=schema)
 
     def pieces(self, ids: Sequence[int], text: str) -> tuple[str, ...]:
         """The reply a token at a time, as a stream sends it: each token's new text, held back

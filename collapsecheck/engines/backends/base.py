@@ -39,6 +39,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int = 0
+    # the JSON schema (as text) every sample is drawn under, None: unconstrained (SPEC "Agents
+    # behind an OpenAI client", "Constrained replies"); only the endpoint asks one
+    json_schema: str | None = None
 
     @classmethod
     def of(cls, sampling: SamplingSettings, seed: int) -> SamplingParams:
@@ -142,7 +145,8 @@ class Backend(Protocol):
         """K samples for each prompt (given as token ids), seeded per prompt: prompt i by
         `prompt_seed(params.seed, offset + i)` (`offset`: where these prompts begin in the
         scan's list, so that sampling it in parts draws the same traces), or by `seeds[i]`
-        where given (the endpoint's requests, each seeded by its own context)."""
+        where given (the endpoint's requests, each seeded by its own context); each sample
+        under `params.json_schema` where it names one (constrained decoding, on xgrammar)."""
         ...
 
     def loglikelihood(

@@ -19,6 +19,7 @@ from collapsecheck.engines.backends.base import (
     stop_token_ids,
 )
 from collapsecheck.engines.backends.decode_cache import preallocate
+from collapsecheck.engines.backends.grammar import Grammars, RowGrammars
 from collapsecheck.engines.backends.hf_scoring import (
     TransformersScoring,
     cache_keyword,
@@ -261,6 +262,7 @@ class TransformersBackend(TransformersScoring):
             getattr(generation, "eos_token_id", None), tokenizer.eos_token_id
         )
         self.pad_id = int(self.stop_ids[0]) if self.stop_ids else 0
+        self.grammars: Grammars | None = None  # compiled where a request asks a JSON schema
 
     @classmethod
     def from_checkpoint(
@@ -385,11 +387,16 @@ class TransformersBackend(TransformersScoring):
         ended = torch.zeros(total, dtype=torch.bool, device=self.device)  # of the decoded rows
         finite = torch.ones((), dtype=torch.bool, device=self.device)
         every = ENDED_READ_EVERY.get(torch.device(self.device).type, ENDED_READ_EVERY["other"])
+        grammars = self.constrained_rows(params, total, logits.shape[-1])
         steps: list[torch.Tensor] = []
         for step in range(1, params.max_new_tokens + 1):
             finite &= sampleable(logits)
+            if grammars is not None:
+                logits = grammars.limited(logits, rows)
             tokens = self._next_tokens(logits, params, uniforms[step - 1, rows])
             tokens = torch.where(ended, torch.full_like(tokens, self.pad_id), tokens)
+            if grammars is not None:
+                grammars.drew(tokens, rows)
             steps.append(torch.full((total,), self.pad_id, device=self.device).index_put(
                 (rows,), tokens))  # fmt: skip
             ended |= torch.isin(tokens, stops)
@@ -415,6 +422,16 @@ class TransformersBackend(TransformersScoring):
             cache, logits = returned_cache(out), out.logits[:, -1, :]
         decoded = torch.stack(steps, dim=1).tolist()
         return [self._split_samples(decoded[i * k : (i + 1) * k]) for i in range(len(seeds))]
+
+    def constrained_rows(
+        self, params: SamplingParams, rows: int, vocab_size: int
+    ) -> RowGrammars | None:  # fmt: skip
+        """Each decoded row's grammar where the samples are drawn under a JSON schema."""
+        if params.json_schema is None:
+            return None
+        if self.grammars is None:
+            self.grammars = Grammars(self.tokenizer, self.stop_ids)
+        return self.grammars.rows(params.json_schema, rows, vocab_size)
 
     def _split_samples(self, rows: list[list[int]]) -> list[Sample]:
         samples = []

@@ -164,6 +164,7 @@ class VLLMBackend:
                 seed=prompt_seed(params.seed, offset + index) if seeds is None else seeds[index],
                 stop_token_ids=self.stop_ids,
                 detokenize=False,
+                structured_outputs=structured_outputs(params.json_schema),
             )
             for index in range(len(prompts))
         ]
@@ -228,3 +229,18 @@ class VLLMBackend:
         gc.collect()
         # the engine's worker processes hold the device memory until they have exited
         psutil.wait_procs([p for p in self._workers if p.is_running()], timeout=WORKER_EXIT_S)
+
+
+def structured_outputs(json_schema: str | None) -> Any:
+    """vLLM's own constrained decoding of a JSON schema (SPEC "Constrained replies"): its
+    structured-output backend (xgrammar, by default) draws every sample under it."""
+    if json_schema is None:
+        return None
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        raise CollapsecheckError(
+            "a request asks for a constrained reply, which collapsecheck serves with vLLM's "
+            "StructuredOutputsParams (vLLM 0.11 or later): upgrade vLLM"
+        ) from None
+    return StructuredOutputsParams(json=json_schema)

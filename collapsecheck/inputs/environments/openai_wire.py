@@ -28,7 +28,9 @@ class WireRequest:
     them) or `prompt` (text); `tools`: the request's, as the template is given them;
     `temperature`, `top_p`, `max_tokens`: None where the request leaves them to the server;
     `calls`: whether tool calls are read out of the reply (False: `tool_choice` "none");
-    `stop`: the strings the reply ends before (`runs.serving.at_stop`)."""
+    `stop`: the strings the reply ends before (`runs.serving.at_stop`); `constrained`: the
+    JSON schema the reply is sampled under, where `response_format` or a forced `tool_choice`
+    asks one."""
 
     kind: str
     model: str
@@ -42,6 +44,21 @@ class WireRequest:
     include_usage: bool = False
     calls: bool = True
     stop: tuple[str, ...] = ()
+    constrained: Constrained | None = None
+
+
+@dataclass(frozen=True)
+class Constrained:
+    """What a request constrains its reply to (SPEC "Agents behind an OpenAI client",
+    "Constrained replies"): the JSON schema it is sampled under (as text), what asked it (such
+    as "response_format json_schema"), and for a forced tool choice which call the reply is
+    read as: `forced` with `function` the function named (None: "required", a list of calls
+    to any of the tools)."""
+
+    schema: str
+    asked: str
+    forced: bool = False
+    function: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,12 +90,13 @@ class WireReply:
     completion_tokens: int
     seed: int  # the request's: its ids are made from it (`seeded_id`)
     pieces: tuple[str, ...] = ()
+    named: bool = False  # its call was forced by name: finished "stop", as vLLM's server says
 
     @property
     def finish_reason(self) -> str:
         if self.truncated:
             return "length"
-        return "tool_calls" if self.tool_calls else "stop"
+        return "tool_calls" if self.tool_calls and not self.named else "stop"
 
     def message(self) -> dict[str, Any]:
         """The reply as an assistant message of the chat completion."""
@@ -112,7 +130,9 @@ def read_request(kind: str, body: Any) -> WireRequest:
         "stop": stop_strings(body.get("stop")),
     }
     if kind == TEXT:
-        return WireRequest(TEXT, prompt=text_prompt(body.get("prompt")), **common)
+        formatted = response_format(body.get("response_format"))
+        return WireRequest(TEXT, prompt=text_prompt(body.get("prompt")), constrained=formatted,
+                           **common)  # fmt: skip
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise Unservable("'messages' must be a non-empty list of messages")
@@ -120,13 +140,93 @@ def read_request(kind: str, body: Any) -> WireRequest:
     if not isinstance(tools, list) or not all(is_function_tool(t) for t in tools):
         raise Unservable("'tools' must be a list of {'type': 'function', 'function': {...}}")
     choice = body.get("tool_choice") or "auto"
-    if choice not in ("auto", "none"):
-        raise Unservable(
-            f"tool_choice {json.dumps(choice)}: the endpoint serves 'auto' and 'none' (the "
-            "model's own choice of calls, or none read)"
-        )
+    forced = forced_call(choice, tools, body.get("parallel_tool_calls"))
+    formatted = response_format(body.get("response_format"))
+    if forced and formatted:
+        raise Unservable(f"response_format with tool_choice {json.dumps(choice)}: a reply is "
+                         "either the forced call or the format, not both")  # fmt: skip
     read = tuple(read_message(m, i) for i, m in enumerate(messages))
-    return WireRequest(CHAT, messages=read, tools=tuple(tools), calls=choice == "auto", **common)
+    return WireRequest(CHAT, messages=read, tools=tuple(tools), calls=choice != "none",
+                       constrained=forced or formatted, **common)  # fmt: skip
+
+
+def response_format(value: Any) -> Constrained | None:
+    """`response_format` as vLLM's server reads it: `text` (or none) leaves the reply free;
+    `json_object` samples it under the schema {"type": "object"}; `json_schema` under its
+    `json_schema.schema`."""
+    kind = value.get("type") if isinstance(value, dict) else value
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return Constrained(canonical({"type": "object"}), "response_format json_object")
+    if kind == "json_schema":
+        given = value.get("json_schema")
+        schema = given.get("schema") if isinstance(given, dict) else None
+        if not isinstance(schema, dict):
+            raise Unservable("response_format json_schema: 'json_schema.schema' must be a "
+                             "JSON schema (an object)")  # fmt: skip
+        return Constrained(canonical(schema), "response_format json_schema")
+    raise Unservable(f"response_format {json.dumps(kind)}: the endpoint serves 'text', "
+                     "'json_object' and 'json_schema'")  # fmt: skip
+
+
+def forced_call(choice: Any, tools: list[Any], parallel: Any) -> Constrained | None:
+    """A `tool_choice` that forces a call, as vLLM's server serves it with JSON (its
+    `get_json_schema_from_tools`): "required" samples the reply as a JSON list of at least one
+    `{"name", "parameters"}` object, one of the tools each (at most one where
+    `parallel_tool_calls` is false); a named function samples the reply as that function's
+    arguments (an object, under its `parameters`). "auto" and "none" force nothing."""
+    if choice in ("auto", "none"):
+        return None
+    named = choice.get("function") if isinstance(choice, dict) else None
+    if choice == "required" or isinstance(named, dict):
+        if not tools:
+            raise Unservable(f"tool_choice {json.dumps(choice)} without 'tools'")
+        if choice == "required":
+            return Constrained(canonical(calls_schema(tools, parallel is False)),
+                               "tool_choice required", forced=True)  # fmt: skip
+        functions = {t["function"]["name"]: t["function"] for t in tools}
+        name = named.get("name")
+        if name not in functions:
+            raise Unservable(f"tool_choice names {name!r}, which is not one of 'tools'")
+        return Constrained(canonical(parameters_schema(functions[name])),
+                           "tool_choice function", forced=True, function=name)  # fmt: skip
+    raise Unservable(f"tool_choice {json.dumps(choice)}: the endpoint serves 'auto', 'none', "
+                     "'required' and {'type': 'function', 'function': {'name': ...}}")  # fmt: skip
+
+
+def parameters_schema(function: Mapping[str, Any]) -> dict[str, Any]:
+    """A function's `parameters`; an object with no properties where it has none."""
+    return function.get("parameters") or {"type": "object", "properties": {}}
+
+
+def calls_schema(tools: Sequence[Mapping[str, Any]], single: bool) -> dict[str, Any]:
+    """The JSON schema of a forced list of calls: vLLM's, with each tool's `$defs` gathered
+    at the top."""
+    functions = [t["function"] for t in tools]
+    defs: dict[str, Any] = {}
+    options = []
+    for function in functions:
+        parameters = dict(parameters_schema(function))
+        for name, schema in (parameters.pop("$defs", None) or {}).items():
+            if defs.setdefault(name, schema) != schema:
+                raise Unservable(f"tool_choice required: the tools define '$defs' {name!r} "
+                                 "twice, differently")  # fmt: skip
+        options.append({"properties": {"name": {"type": "string", "enum": [function["name"]]},
+                                       "parameters": parameters},
+                        "required": ["name", "parameters"]})  # fmt: skip
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "object", "anyOf": options}}  # fmt: skip
+    if single:
+        schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def canonical(value: Any) -> str:
+    """JSON text with its keys sorted: a schema's one spelling (the sampler groups by it)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 UNSERVED = {

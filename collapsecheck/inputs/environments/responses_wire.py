@@ -46,7 +46,9 @@ class ResponsesAPI:
             "model": body.get("model"),
             "messages": [*earlier, *items],
             "tools": [chat_tool(t, i) for i, t in enumerate(body.get("tools") or [])],
-            "tool_choice": body.get("tool_choice"),
+            "tool_choice": chat_tool_choice(body.get("tool_choice")),
+            "parallel_tool_calls": body.get("parallel_tool_calls"),
+            "response_format": text_format(body.get("text")),
             "temperature": body.get("temperature"),
             "top_p": body.get("top_p"),
             "max_tokens": body.get("max_output_tokens"),
@@ -77,13 +79,6 @@ class ResponsesAPI:
 def refuse_unserved(body: Mapping[str, Any]) -> None:
     """What a Responses body asks that the endpoint cannot serve: refused, never answered
     otherwise than asked."""
-    text = body.get("text") or {}
-    form = (text.get("format") or {}).get("type", "text") if isinstance(text, dict) else "text"
-    if form != "text":
-        raise Unservable(
-            f"text.format {form!r}: structured output is not served (the reply is the "
-            "policy's own text)"
-        )
     if body.get("background"):
         raise Unservable("background: responses are answered while the request waits")
     if body.get("top_logprobs") or "message.output_text.logprobs" in (body.get("include") or []):
@@ -91,6 +86,25 @@ def refuse_unserved(body: Mapping[str, Any]) -> None:
     if body.get("conversation") is not None:
         raise Unservable("conversation: the endpoint keeps responses, not conversations "
                          "(continue one by previous_response_id)")  # fmt: skip
+
+
+def text_format(text: Any) -> dict[str, Any] | None:
+    """`text.format` as the chat's `response_format`: a `json_schema` format's `name`,
+    `schema` and `strict` (at the format's top) under `json_schema`; `text` and `json_object`
+    as they are."""
+    form = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        return form
+    return {"type": "json_schema",
+            "json_schema": {k: v for k, v in form.items() if k != "type"}}  # fmt: skip
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    """A Responses `tool_choice` as the chat's: a function named at the top
+    (`{"type": "function", "name": ...}`) under `function`; the rest as it is."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
 
 
 def input_messages(given: Any, instructions: Any) -> list[dict[str, Any]]:
@@ -179,15 +193,34 @@ def response_body(request: WireRequest, reply: WireReply, status: str) -> dict[s
         "status": "incomplete" if cut else status, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "model": request.model, "output": output_items(reply) if done else [],
-        "parallel_tool_calls": True, "tool_choice": "auto" if request.calls else "none",
+        "parallel_tool_calls": True, "tool_choice": answered_tool_choice(request),
         "tools": [{"type": "function", **t["function"]} for t in request.tools],
         "temperature": request.temperature, "top_p": request.top_p,
-        "max_output_tokens": request.max_tokens, "text": {"format": {"type": "text"}},
+        "max_output_tokens": request.max_tokens, "text": {"format": answered_format(request)},
         "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens,
                   "total_tokens": reply.prompt_tokens + reply.completion_tokens,
                   "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}} if done else None,
     }  # fmt: skip
+
+
+def answered_tool_choice(request: WireRequest) -> Any:
+    """The request's `tool_choice` as a response object states it."""
+    constrained = request.constrained
+    if constrained is not None and constrained.forced:
+        named = constrained.function
+        return "required" if named is None else {"type": "function", "name": named}
+    return "auto" if request.calls else "none"
+
+
+def answered_format(request: WireRequest) -> dict[str, Any]:
+    """The request's `text.format` as a response object states it."""
+    constrained = request.constrained
+    if constrained is None or constrained.forced:
+        return {"type": "text"}
+    if constrained.asked.endswith("json_object"):
+        return {"type": "json_object"}
+    return {"type": "json_schema", "schema": json.loads(constrained.schema)}
 
 
 def response_events(request: WireRequest, reply: WireReply) -> Iterator[str]:

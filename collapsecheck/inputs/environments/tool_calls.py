@@ -11,7 +11,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from collapsecheck.inputs.environments.openai_wire import ToolCall, Unservable, call_id
+from collapsecheck.inputs.environments.openai_wire import (
+    Constrained,
+    ToolCall,
+    Unservable,
+    call_id,
+)
 
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 HERMES_OPEN = "<tool_call>"
@@ -71,6 +76,27 @@ def parsed_reply(
         calls.append(call)
     kept.append(text[last:])
     return ("".join(kept).strip() if calls else text), tuple(calls)
+
+
+def forced_calls(text: str, forced: Constrained, seed: int) -> tuple[str, tuple[ToolCall, ...]]:
+    """A reply sampled under a forced `tool_choice` read as vLLM's server reads it (SPEC
+    "Constrained replies"): a named function's call whose arguments are the reply's JSON
+    object; for "required", each `{"name", "parameters"}` of the reply's JSON list a call. The
+    content is then empty. A reply whose JSON the token limit cut is its text, with no call."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text, ()
+    if forced.function is not None:
+        return ("", (ToolCall(forced.function, value, call_id(seed, 0)),)) if isinstance(
+            value, dict) else (text, ())  # fmt: skip
+    listed = value if isinstance(value, list) else []
+    calls = tuple(
+        ToolCall(item["name"], item.get("parameters") or {}, call_id(seed, index))
+        for index, item in enumerate(listed)
+        if isinstance(item, dict) and isinstance(item.get("name"), str)
+    )
+    return ("", calls) if calls else (text, ())
 
 
 def hermes_call(block: str, id: str) -> ToolCall | None:

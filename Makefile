@@ -24,7 +24,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,test-verifiers]"
+	$(PY) -m pip install -q -e ".[dev,test-verifiers,test-agents]"
 	$(PY) -m pip install -q --no-deps --target $(VERIFIERS_LOWEST) verifiers==0.1.9
 	touch $(STAMP)
 

@@ -14,6 +14,7 @@ import pytest
 
 from collapsecheck.engines.backends.base import SamplingParams
 from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.environments.endpoint import Serving
 from collapsecheck.inputs.environments.openai_wire import (
     CHAT,
@@ -239,3 +240,15 @@ def test_without_the_grammar_library_a_constrained_request_is_one_line(tmp_path)
     (said,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert "pip install 'collapsecheck[grammar]'" in said and "Traceback" not in done.stderr
     assert not (tmp_path / "dump").exists()
+
+
+def test_a_schema_the_vocabulary_cannot_write_is_one_line():
+    """The walker's vocabulary (letters, digits, a few marks) has no '{': no reply can match,
+    and sampling stops with that said rather than drawing a token the grammar forbids."""
+    walker = TransformersBackend.from_checkpoint(
+        EXAMPLES / "agents" / "walker", LoadSettings(device="cpu"), None
+    )
+    ids = walker.tokenizer("agent 1,2 goal 4,4", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(2, 1.0, 1.0, 8, 0, json_schema=json.dumps({"type": "object"}))
+    with pytest.raises(CollapsecheckError, match="cannot be written in the checkpoint's vocab"):
+        walker.generate([ids], params, lambda n: None)

@@ -177,6 +177,51 @@ def test_the_endpoint_answers_from_vllm_at_each_requests_seed(engine):
     )
 
 
+def test_vllm_draws_every_sample_under_a_requests_json_schema(engine, prompt_ids):
+    """SPEC "Constrained replies": vLLM's own structured outputs (xgrammar) draw under the
+    schema a request asks: every sample of the tool-calling agent (a byte-level vocabulary)
+    that ends is JSON the schema accepts, those the limit cut begin as it does, and through
+    the endpoint `response_format` is served so. The demo checkpoint, whose vocabulary has no
+    '{', cannot write one: one line, not vLLM's empty "error" sample."""
+    import asyncio
+    import json
+
+    from collapsecheck.errors import CollapsecheckError
+    from collapsecheck.inputs.environments.endpoint import InProcess, Recorder, endpoint_app
+    from collapsecheck.runs.serving import BackendChat
+    from collapsecheck.settings import SamplingSettings, Settings
+
+    point = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+             "required": ["x", "y"], "additionalProperties": False}  # fmt: skip
+    params = SamplingParams(k=6, max_new_tokens=64, json_schema=json.dumps(point))
+    with pytest.raises(CollapsecheckError, match="cannot be written in the checkpoint's vocab"):
+        engine.generate(prompt_ids[:1], params, no_progress)
+    tool_caller = VLLMBackend(require_checkpoint(EXAMPLES / "agents" / "tool-caller"),
+                              LoadSettings(device="cpu", dtype="float32"))  # fmt: skip
+    try:
+        ids = tool_caller.tokenizer("where is it?", add_special_tokens=False)["input_ids"]
+        (samples,) = tool_caller.generate([ids], params, no_progress)
+        texts = [tool_caller.decode(s.ids) for s in samples]
+        ended = [json.loads(t) for t, s in zip(texts, samples, strict=True) if not s.truncated]
+        assert ended, "no constrained sample ended within 64 tokens"
+        assert all(set(v) == {"x", "y"} and all(isinstance(n, int) for n in v.values())
+                   for v in ended)  # fmt: skip
+        assert all(t.lstrip().startswith("{") for t in texts)
+        settings = Settings(sampling=SamplingSettings(max_new_tokens=64))
+        chat, recorder = BackendChat(tool_caller, settings, "tc", "--env test"), Recorder()
+        client = InProcess(endpoint_app(chat, recorder)).async_client()
+        asked = {"type": "json_schema", "json_schema": {"name": "point", "schema": point}}
+        reply = asyncio.run(client.chat.completions.create(
+            model="tc", messages=[{"role": "user", "content": "where is it?"}],
+            response_format=asked))  # fmt: skip
+        chat.close()
+    finally:
+        tool_caller.close()
+    assert recorder.exchanges[0].kept.constrained == "response_format json_schema"
+    if reply.choices[0].finish_reason == "stop":
+        assert set(json.loads(reply.choices[0].message.content)) == {"x", "y"}
+
+
 def test_a_played_scans_episodes_share_their_context_through_the_prefix_cache(engine, tmp_path):
     """SPEC "Sampling": turn 1 of RAGEN's GridWorld (500-token contexts), N start states with
     K identical contexts each, sampled in one call: played at all (vLLM's CPU build stopped on

@@ -16,6 +16,10 @@ import torch
 from collapsecheck.errors import CollapsecheckError
 
 GRAMMAR_EXTRA = "pip install 'collapsecheck[grammar]'"
+UNWRITABLE = (
+    "a constrained reply cannot be written in the checkpoint's vocabulary: no token it has is "
+    "one the JSON schema's grammar allows next (a tokenizer without '{' or '\"', say)"
+)
 
 
 def xgrammar() -> Any:
@@ -77,6 +81,8 @@ class RowGrammars:
                 self.matchers[row].fill_next_token_bitmask(mask, place)
         limited = logits.float().contiguous()
         self.xgr.apply_token_bitmask_inplace(limited, mask.to(limited.device))
+        if not bool(torch.isfinite(limited.amax(dim=-1)).all()):
+            raise CollapsecheckError(UNWRITABLE)
         return limited
 
     def drew(self, tokens: torch.Tensor, rows: torch.Tensor) -> None:
@@ -85,6 +91,5 @@ class RowGrammars:
             matcher = self.matchers[row]
             if not matcher.is_terminated() and not matcher.accept_token(token):
                 raise CollapsecheckError(
-                    f"constrained decoding drew token {token}, which its grammar does not allow "
-                    "(a tokenizer whose vocabulary xgrammar reads otherwise)"
+                    f"constrained decoding drew token {token}, which its grammar does not allow"
                 )

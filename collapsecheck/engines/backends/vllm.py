@@ -26,6 +26,7 @@ from collapsecheck.engines.backends.base import (
     prompt_seed,
     stop_token_ids,
 )
+from collapsecheck.engines.backends.grammar import UNWRITABLE
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.checkpoint import (
     HUGGINGFACE,
@@ -170,7 +171,8 @@ class VLLMBackend:
         ]
         outputs = self.llm.generate(requests, settings, use_tqdm=False)
         progress(len(prompts))
-        return [[self._sample(c) for c in output.outputs] for output in outputs]
+        constrained = params.json_schema is not None
+        return [[self._sample(c, constrained) for c in output.outputs] for output in outputs]
 
     def prefix_cache_tokens(self) -> tuple[int, int]:
         """Prompt tokens vLLM has looked up in its prefix cache so far, and those it found
@@ -183,7 +185,13 @@ class VLLMBackend:
             for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
         )
 
-    def _sample(self, completion: Any) -> Sample:
+    def _sample(self, completion: Any, constrained: bool = False) -> Sample:
+        if completion.finish_reason not in ("stop", "length"):
+            # vLLM ends a request whose grammar rejects every token it can draw with "error"
+            raise CollapsecheckError(
+                UNWRITABLE if constrained and completion.finish_reason == "error" else
+                f"vLLM ended a sample with finish reason {completion.finish_reason!r}"
+            )  # fmt: skip
         ids = list(completion.token_ids)
         if completion.finish_reason == "stop" and ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]

@@ -102,6 +102,26 @@ def test_the_openai_agents_sdks_default_model_plays_with_its_tool(tmp_path):
         assert tool["tool_call_id"].startswith("call_") and first["given"].startswith("[{")
 
 
+def test_the_agents_sdks_output_type_is_served_as_structured_output(tmp_path):
+    """SPEC "Constrained replies": `output_type=` makes the SDK ask its answer as a JSON
+    schema (`text.format`); every reply is sampled under it, so each answer that ends is the
+    object the SDK validates, and the scan counts the constrained replies."""
+    pytest.importorskip("agents", reason="the OpenAI Agents SDK comes with the verifiers extra")
+    pytest.importorskip("xgrammar", reason="structured output needs the grammar extra")
+    agent = EXAMPLES / "harnesses" / "agents_sdk_adder.py"
+    command = f"command:{sys.executable} {agent} --structured --model {{model}}"
+    done = collapsecheck("scan", TOOL_CALLER, "--env", command, "--max-new-tokens", "96",
+                         "--whole-response", "--dump", tmp_path, "--fail-on", "none")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "8 of 8 replies were constrained (8 by response_format json_schema)" in " ".join(
+        done.stdout.split())  # fmt: skip
+    answers = [e["turns"][-1]["given"] for e in episodes(tmp_path)]
+    assert any(a.rstrip().endswith("}") for a in answers)
+    for answer in answers:
+        if answer.rstrip().endswith("}"):
+            assert set(json.loads(answer)) == {"total"}
+
+
 def test_two_checkpoints_under_one_harness_pair_by_start_state():
     done = collapsecheck("compare", WALKER, UNDOER, "--env", harness(), "--max-new-tokens", "48")
     assert done.returncode in (0, 1), done.stderr

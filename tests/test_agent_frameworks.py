@@ -52,16 +52,23 @@ def scanned_twice(tmp_path, checkpoint, command: str) -> tuple[list[dict], str]:
     return [json.loads(line) for line in recorded[0].decode().splitlines()], " ".join(said.split())
 
 
+def smolagents_steps(tmp_path, checkpoint, agent: str) -> tuple[list[dict], str]:
+    """smolagents' `agent` scanned twice: the episodes of its steps (each agent's two steps
+    one episode: 4 of them) and the console."""
+    pytest.importorskip("smolagents", reason="smolagents comes with the test-agents extra")
+    harness = HARNESSES / "smolagents_adder.py"
+    command = f"command:{sys.executable} {harness} --agent {agent} --model {{model}}"
+    episodes, said = scanned_twice(tmp_path, checkpoint, command)
+    stepped = [e for e in episodes if len(e["turns"]) == 2]
+    assert len(stepped) == 4, "each of the 4 agents' two steps are not one episode"
+    return stepped, said
+
+
 def test_smolagents_tool_calling_agent_as_it_comes(tmp_path, wide_tool_caller):
     """Every step a forced call ("required") with stop sequences; its calls sent back as the
     assistant's "Calling tools: ..." text and results as a user "Observation"/"Error"
-    message, and still threaded: its steps are one episode."""
-    pytest.importorskip("smolagents", reason="smolagents comes with the test-agents extra")
-    agent = HARNESSES / "smolagents_adder.py"
-    command = f"command:{sys.executable} {agent} --agent tool-calling --model {{model}}"
-    episodes, said = scanned_twice(tmp_path, wide_tool_caller, command)
-    stepped = [e for e in episodes if len(e["turns"]) == 2]
-    assert len(stepped) == 4, "each of the 4 agents' two steps are not one episode"
+    message, and still threaded."""
+    stepped, said = smolagents_steps(tmp_path, wide_tool_caller, "tool-calling")
     for episode in stepped:
         first = episode["turns"][0]
         assert first["given"].lstrip().startswith("[")  # a forced reply: a JSON list of calls
@@ -72,12 +79,7 @@ def test_smolagents_tool_calling_agent_as_it_comes(tmp_path, wide_tool_caller):
 def test_smolagents_code_agent_as_it_comes(tmp_path, wide_tool_caller):
     """Stop sequences on every request, and its reply rewritten before it is sent back: its
     steps are one episode still."""
-    pytest.importorskip("smolagents", reason="smolagents comes with the test-agents extra")
-    agent = HARNESSES / "smolagents_adder.py"
-    command = f"command:{sys.executable} {agent} --agent code --model {{model}}"
-    episodes, said = scanned_twice(tmp_path, wide_tool_caller, command)
-    stepped = [e for e in episodes if len(e["turns"]) == 2]
-    assert len(stepped) == 4, "each of the 4 agents' two steps are not one episode"
+    stepped, said = smolagents_steps(tmp_path, wide_tool_caller, "code")
     assert all(e["turns"][0]["returned"][0]["content"].startswith("Error") for e in stepped)
     assert "constrained" not in said and "each request is its own episode" not in said
 

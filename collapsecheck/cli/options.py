@@ -45,6 +45,14 @@ def parse_train_keys(values: list[str]) -> dict[str, str]:
 Checkpoint = Annotated[
     Path, typer.Argument(help="A checkpoint directory, or a run directory of checkpoints.")
 ]
+# a string, not a Path: a Path folds a URL's "//"
+ScanTarget = Annotated[
+    str,
+    typer.Argument(
+        help="A checkpoint directory, a run directory of checkpoints, or the URL of a vLLM "
+        "server serving the policy (http://HOST:PORT/v1)."
+    ),
+]
 
 TrainLog = Annotated[
     Path | None,

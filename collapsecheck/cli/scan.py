@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from collapsecheck.cli.app import app, say, stderr, stdout, user_errors
 from collapsecheck.cli.finishing import dashboards, gate_report, verdict_thresholds
 from collapsecheck.cli.options import (
     Baseline,
-    Checkpoint,
     DryRun,
     NoTrainLog,
     Ray,
@@ -14,6 +15,7 @@ from collapsecheck.cli.options import (
     Rollouts,
     Sample,
     ScanPrompts,
+    ScanTarget,
     Shard,
     TensorBoard,
     TrainKey,
@@ -24,6 +26,8 @@ from collapsecheck.cli.options import (
 )
 from collapsecheck.cli.settings_options import takes_settings
 from collapsecheck.config import GateSettings
+from collapsecheck.engines.backends.served_api import is_served
+from collapsecheck.runs.served import ServedScan
 from collapsecheck.settings import (
     AnalysisSettings,
     EnvSettings,
@@ -40,7 +44,7 @@ from collapsecheck.settings import (
 @app.command()
 @takes_settings
 def scan(
-    checkpoint: Checkpoint,
+    checkpoint: ScanTarget,
     sampling: SamplingSettings,
     rendering: PromptSettings,
     scoring: ScoringSettings,
@@ -70,11 +74,23 @@ def scan(
     from collapsecheck.reports.progress_display import progress_bars
     from collapsecheck.runs.request import ScanRequest, carry_out
 
+    settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
+    if is_served(checkpoint):
+        refused = {
+            "--rollouts": rollouts is not None, "--baseline": baseline is not None,
+            "--train-log": train_log is not None, "--shard": shard is not None,
+            "--ray": ray is not None, "--tensorboard": tensorboard is not None,
+            "--wandb": wandb is not None, "--dry-run": dry_run, "--out": outputs.out is not None,
+            "--env": env_settings.env is not None,
+        }  # fmt: skip
+        served = ServedScan(checkpoint, prompts, settings, outputs)
+        scan_served_command(served, refused, gate_settings, verbose)
+        return
     with user_errors():
         gate = gate_settings.load()
-        boards = dashboards(tensorboard, wandb, checkpoint, outputs.out)
+        boards = dashboards(tensorboard, wandb, Path(checkpoint), outputs.out)
         request = ScanRequest(
-            checkpoint, Settings(load, sampling, rendering, scoring, analysis, rewards), outputs,
+            Path(checkpoint), settings, outputs,
             verdict_thresholds(gate), prompts, rollouts, sample, baseline,
             False if no_train_log else (train_log or True), parse_train_keys(train_key or []),
             shard, ray, dry_run, rescan, env_settings,
@@ -94,3 +110,24 @@ def scan(
             board.write_run(outcome.report)
             board.close()
     gate_report(outcome.report, gate, str(checkpoint), outputs, verbose)
+
+
+def scan_served_command(
+    request: ServedScan, refused: dict[str, bool], gate_settings: GateSettings, verbose: bool
+) -> None:
+    """`scan URL`: the served policy scanned (`runs.served`), written, printed and gated as
+    one checkpoint's scan is."""
+    from collapsecheck.reports.outputs import check_outputs, write_prompt_outputs
+    from collapsecheck.reports.progress_display import progress_bars
+    from collapsecheck.runs.served import require_servable, scan_served
+
+    with user_errors():
+        gate = gate_settings.load()
+        require_servable(request, refused)
+        check_outputs(request.outputs)
+        with progress_bars(stderr) as progress:
+            report = scan_served(request, say, progress)
+        kept = write_prompt_outputs(report, request.outputs, request.prompts, request.settings)
+        if kept:
+            say(kept)
+    gate_report(report, gate, request.url, request.outputs, verbose)

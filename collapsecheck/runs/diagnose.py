@@ -394,7 +394,7 @@ def scan(
                 drawn, reused = sample(model, prepared, params, settings, progress, samples_dir)
             recorded = {
                 "checkpoint": name,
-                **checkpoint_notes(checkpoint),
+                **checkpoint_notes(checkpoint, model),
                 "prompts": str(prompt_path),
                 "prompts_sha256": file_sha256(prompt_path),
                 "samples_per_prompt": params.k,

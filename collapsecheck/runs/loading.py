@@ -48,9 +48,13 @@ def resolve(
     return require_checkpoint(checkpoint, settings.load.base_model)
 
 
-def checkpoint_notes(checkpoint: str | Path | Checkpoint) -> dict[str, str]:
-    """The report's word on what was read, where it is not simply the folder named."""
+def checkpoint_notes(
+    checkpoint: str | Path | Checkpoint, model: Backend | None = None
+) -> dict[str, str]:  # fmt: skip
+    """The report's word on what was read, where it is not simply the folder named (a served
+    policy: its backend's `policy_note`)."""
     note = checkpoint.note if isinstance(checkpoint, Checkpoint) else None
+    note = note or getattr(model, "policy_note", None)
     return {"checkpoint_note": note} if note else {}
 
 

@@ -1,0 +1,95 @@
+"""`scan URL`: the policy a live RL job serves, diagnosed through its server (SPEC "The policy
+where it is served"). The scan is the one every checkpoint gets (`diagnose.scan`), on the
+served backend; around it, the weights are watched: a canary scored before the work and after
+it must agree, else the scan is done again (the samples too), and a policy that keeps changing
+is one line. What cannot go with a served policy is refused before any request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from collapsecheck.engines.backends.served_api import api_base
+from collapsecheck.errors import CollapsecheckError
+from collapsecheck.progress import ProgressHook, silent
+from collapsecheck.reports.report import Report
+from collapsecheck.settings import AUTO, OutputSettings, Settings
+
+SCANS = 3  # a scan done again at most twice while the weights change under it
+
+
+@dataclass(frozen=True)
+class ServedScan:
+    """What `scan URL` was asked: the server, the prompts, the settings and outputs."""
+
+    url: str
+    prompts: Path | None
+    settings: Settings
+    outputs: OutputSettings
+
+
+def require_servable(request: ServedScan, refused: dict[str, bool]) -> None:
+    """Everything a served scan cannot do, one line before any request: the options that need
+    a checkpoint's files or a run (`refused`: each flag given), a temperature other than 1
+    (the server's prompt log-probabilities are untempered), another engine."""
+    for flag, given in refused.items():
+        if given:
+            raise CollapsecheckError(
+                f"{flag} needs a checkpoint's files or a run directory: {request.url} is a "
+                "served policy (scan its checkpoint's folder for it)"
+            )
+    if request.prompts is None:
+        raise CollapsecheckError(f"{request.url}: a served policy is scanned on -p PROMPTS")
+    temperature = request.settings.sampling.sampling_temperature
+    if temperature != 1:
+        raise CollapsecheckError(
+            f"--temperature {temperature:g}: a served policy is scored at temperature 1 only "
+            "(its server's prompt log-probabilities ignore temperature, and a tempered number "
+            "is never made from them): sample at --temperature 1, or scan the checkpoint's files"
+        )
+    load = request.settings.load
+    for flag, value in (("--backend", load.backend), ("--scorer", load.scorer)):
+        if value != AUTO:
+            raise CollapsecheckError(
+                f"{flag} {value}: a served policy is sampled and scored by its server"
+            )
+
+
+def scan_served(
+    request: ServedScan, say: Callable[[str], None], progress: ProgressHook = silent
+) -> Report:
+    """The served policy scanned, with the weights the same from before sampling to after
+    scoring (their canary's digest, `ServedBackend.canary_digest`); done again where they
+    changed, one line where they keep changing."""
+    from collapsecheck.engines.backends.served import ServedBackend
+    from collapsecheck.runs.diagnose import scan
+
+    backend = ServedBackend(request.url)
+    before = backend.canary_digest()
+    for _ in range(SCANS):
+        backend.policy_note = policy_note(backend, before)
+        report = scan(api_base(request.url), request.prompts, request.settings,
+                      dump=request.outputs.dump, progress=progress, loaded=backend)  # fmt: skip
+        after = backend.canary_digest()
+        if after == before:
+            return report
+        say(f"note: {request.url}: the served weights changed during the scan (canary "
+            f"{before} -> {after}): scanning again, samples included")  # fmt: skip
+        before = after
+    raise CollapsecheckError(
+        f"{request.url}: the served weights changed during each of {SCANS} scans: no diagnosis "
+        "describes one policy (scan between weight updates, or scan a saved checkpoint)"
+    )
+
+
+def policy_note(backend: object, digest: str) -> str:
+    """What the report says it describes: the server, its model, the weights' canary digest,
+    and that the traces are not exactly resampled unless the server is batch-invariant."""
+    info = backend.info  # type: ignore[attr-defined]
+    return (
+        f"the policy served at {info.url} ({info.model}, {info.kind} {info.version}), weights "
+        f"{digest} by their canary's digest, the same before sampling and after scoring; a "
+        "server not launched batch-invariant (VLLM_BATCH_INVARIANT=1) does not resample these "
+        "traces exactly"
+    )

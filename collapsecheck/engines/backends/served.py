@@ -102,7 +102,8 @@ class ServedBackend:
         none falls back to the model's generation config."""
         if seeds is None:
             seeds = [prompt_seed(params.seed, offset + i) for i in range(len(prompts))]
-        bodies = [self.sampling_body(ids, params, seed) for ids, seed in zip(prompts, seeds, strict=True)]
+        pairs = zip(prompts, seeds, strict=True)
+        bodies = [self.sampling_body(ids, params, seed) for ids, seed in pairs]
         answers = self.server.completions(bodies, lambda index: progress(1))
         return [[served_sample(c) for c in a["choices"]] for a in answers]
 

@@ -1,0 +1,190 @@
+"""The policy where it is served (SPEC "The policy where it is served"): a real vLLM server
+(its CPU build) started by the test on 127.0.0.1 with a demo checkpoint in float32, scanned
+through its HTTP API as a live RL job's would be: its scores equal the in-process reference's
+on the same traces, its verdict the checkpoint's; the weights swapped under a scan (the server
+restarted with another checkpoint on the same port) are caught; each fault is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from collapsecheck.engines.backends.base import SamplingParams, ScoreRequest, no_progress
+from collapsecheck.engines.backends.hf import TransformersBackend
+from collapsecheck.engines.backends.served import ServedBackend
+from collapsecheck.inputs.environments.endpoint import Recorder, Serving, endpoint_app
+from collapsecheck.inputs.prompts import load_prompts, render_prompt
+from collapsecheck.settings import LoadSettings
+from tests.conftest import COLLAPSED, HEALTHY, PROMPTS, ROOT
+from tests.conftest import run_collapsecheck as collapsecheck
+
+START_S = 300  # a CPU server's start, on a busy machine
+SCAN = ("-p", PROMPTS, "-n", "8", "-k", "4", "--max-new-tokens", "48", "--fail-on", "none")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class VLLMServer:
+    """`vllm serve` of a checkpoint on 127.0.0.1:`port`, float32, as a job runs it."""
+
+    def __init__(self, checkpoint, port: int, *extra: str) -> None:
+        self.url = f"http://127.0.0.1:{port}/v1"
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                   str(checkpoint), "--dtype", "float32", "--host", "127.0.0.1", "--port",
+                   str(port), "--served-model-name", "policy", *extra]  # fmt: skip
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "the vLLM server exited while starting"
+            try:
+                if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise AssertionError(f"the vLLM server did not start within {START_S} s")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = VLLMServer(HEALTHY, free_port())
+    yield served
+    served.stop()
+
+
+def test_served_scores_equal_the_reference_on_the_same_traces(server):
+    """The server's own chat template and tokenizer give the checkpoint's ids; the traces it
+    samples, scored through its prompt log-probabilities, equal the transformers reference's
+    scores of them (float32 both, SPEC "The policy where it is served": within 1e-4 nats a
+    token)."""
+    backend = ServedBackend(server.url)
+    reference = TransformersBackend.from_checkpoint(
+        HEALTHY, LoadSettings(device="cpu", dtype="float32"), scorer="naive"
+    )
+    prompts = load_prompts(PROMPTS, num_prompts=4)
+    ours = [render_prompt(p, backend.tokenizer) for p in prompts]
+    theirs = [render_prompt(p, reference.tokenizer) for p in prompts]
+    assert [(r.text, r.ids) for r in ours] == [(r.text, r.ids) for r in theirs]
+    params = SamplingParams(4, 1.0, 1.0, 48, 0)
+    drawn = backend.generate([r.ids for r in ours], params, no_progress)
+    # the same seeds draw the same traces (one server, nothing else in its batches)
+    assert drawn == backend.generate([r.ids for r in ours], params, no_progress)
+    requests = [ScoreRequest(c.ids, s.ids) for c in ours for row in drawn for s in row]
+    served = backend.loglikelihood_per_token(requests, no_progress)
+    local = reference.loglikelihood_per_token(requests, no_progress)
+    assert np.abs(served.values - local.values).max() < 1e-4
+    lengths = np.diff(served.offsets)
+    assert (np.abs(served.sums - local.sums) <= 1e-4 * lengths).all()
+    assert backend.decode(drawn[0][0].ids) == reference.decode(drawn[0][0].ids)
+    assert backend.canary_digest() == backend.canary_digest()
+
+
+def test_scan_url_gives_the_checkpoints_verdict(server, tmp_path):
+    """`scan URL` (the URL where a checkpoint would stand) writes the same report a checkpoint
+    scan does, says what it describes, and its verdict is the checkpoint's own scan's."""
+    served = collapsecheck("scan", server.url, *SCAN, "--json", tmp_path / "served.json",
+                           "--dump", tmp_path / "dump")  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    local = collapsecheck("scan", HEALTHY, *SCAN, "--json", tmp_path / "local.json")
+    assert local.returncode == 0, local.stderr
+    report = json.loads((tmp_path / "served.json").read_text())
+    local_report = json.loads((tmp_path / "local.json").read_text())
+    assert report["verdict"]["regime"] == local_report["verdict"]["regime"] == "grounded"
+    assert report["settings"]["checkpoint"] == server.url
+    assert "weights" in report["settings"]["checkpoint_note"]
+    assert (tmp_path / "dump" / "traces.jsonl").is_file()
+    assert "the policy served at" in " ".join(served.stdout.split())
+
+
+def test_weights_swapped_under_a_scan_are_caught(tmp_path):
+    """The server restarted with the collapsed checkpoint on the same port while the healthy
+    one's traces are scored: the canary's digest differs after the scan, the scan is done
+    again (samples too) through the retries that wait for the server, and the report
+    describes the weights now served, never a mix of two policies."""
+    from collapsecheck.runs.served import ServedScan, scan_served
+    from collapsecheck.settings import OutputSettings, SamplingSettings, Settings
+
+    port = free_port()
+    first = VLLMServer(HEALTHY, port)
+    swapped: list[VLLMServer] = []
+
+    def progress(stage: str, total: int):
+        if stage.startswith("scoring") and not swapped:
+            first.stop()
+            swapped.append(VLLMServer(COLLAPSED, port))
+        return lambda n: None
+
+    said: list[str] = []
+    settings = Settings(sampling=SamplingSettings(k=4, num_prompts=8, max_new_tokens=48))
+    request = ServedScan(first.url, PROMPTS, settings, OutputSettings())
+    try:
+        report = scan_served(request, said.append, progress)
+    finally:
+        (swapped or [first])[0].stop()
+    assert swapped, "the scan never reached its scoring"
+    (changed,) = [s for s in said if "the served weights changed during the scan" in s]
+    now = changed.split(" -> ")[1].split(")")[0]
+    assert f"weights {now} by their canary's digest" in report.settings["checkpoint_note"]
+    assert report.verdict.regime != "grounded"  # the collapsed checkpoint's, scanned again
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--temperature", "0.7"), "scored at temperature 1 only"),
+        (("--rollouts", "r.jsonl"), "--rollouts needs a checkpoint's files"),
+        (("--backend", "transformers"), "sampled and scored by its server"),
+    ],
+)
+def test_what_a_served_scan_cannot_do_is_one_line_before_any_request(args, said, tmp_path):
+    """Refused before any request: no server listens on the port, and the line is the
+    refusal's, not a connection's."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    done = collapsecheck("scan", url, *SCAN, *args, "--json", tmp_path / "r.json")
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "r.json").exists()
+
+
+def test_a_server_that_cannot_serve_is_one_line_within_seconds(tmp_path):
+    """Nothing listening, and a server that is not vLLM's (collapsecheck's own endpoint: no
+    /version, no prompt log-probabilities): one line each, exit 2, nothing written, without
+    the retries a scan under way gets."""
+    nobody = f"http://127.0.0.1:{free_port()}/v1"
+    started = time.monotonic()
+    done = collapsecheck("scan", nobody, *SCAN, "--json", tmp_path / "r.json")
+    assert done.returncode == 2 and "cannot reach the server" in done.stderr, done.stderr
+    assert time.monotonic() - started < 30 and not (tmp_path / "r.json").exists()
+
+    class Silent:
+        name = "other"
+
+        def answer(self, request):  # pragma: no cover - never reached: discovery stops first
+            raise AssertionError("a request was answered")
+
+    with Serving(endpoint_app(Silent(), Recorder())) as other:
+        done = collapsecheck("scan", other.base_url, *SCAN, "--json", tmp_path / "r.json")
+    assert done.returncode == 2 and "not a vLLM server" in done.stderr, done.stderr
+    assert not (tmp_path / "r.json").exists()

@@ -144,7 +144,16 @@ ScoreRollouts = Annotated[
 ]
 
 ScoreCheckpoint = Annotated[
-    Path, typer.Option("--checkpoint", "-c", help="The policy that produced the rollouts.")
+    Path | None,
+    typer.Option("--checkpoint", "-c", help="The policy that produced the rollouts."),
+]
+ScoreServer = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        help="The policy as a vLLM server serves it (http://HOST:PORT/v1), instead of "
+        "--checkpoint: the rollouts scored through its HTTP API.",
+    ),
 ]
 
 ScorePrompts = Annotated[

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from collapsecheck.cli.app import app, say, stderr, stdout, user_errors
 from collapsecheck.cli.finishing import dashboards, gate_report, verdict_thresholds
@@ -27,7 +28,6 @@ from collapsecheck.cli.options import (
 from collapsecheck.cli.settings_options import takes_settings
 from collapsecheck.config import GateSettings
 from collapsecheck.engines.backends.served_api import is_served
-from collapsecheck.runs.served import ServedScan
 from collapsecheck.settings import (
     AnalysisSettings,
     EnvSettings,
@@ -83,6 +83,8 @@ def scan(
             "--wandb": wandb is not None, "--dry-run": dry_run, "--out": outputs.out is not None,
             "--env": env_settings.env is not None,
         }  # fmt: skip
+        from collapsecheck.runs.served import ServedScan
+
         served = ServedScan(checkpoint, prompts, settings, outputs)
         scan_served_command(served, refused, gate_settings, verbose)
         return
@@ -113,7 +115,7 @@ def scan(
 
 
 def scan_served_command(
-    request: ServedScan, refused: dict[str, bool], gate_settings: GateSettings, verbose: bool
+    request: Any, refused: dict[str, bool], gate_settings: GateSettings, verbose: bool
 ) -> None:
     """`scan URL`: the served policy scanned (`runs.served`), written, printed and gated as
     one checkpoint's scan is."""

@@ -15,11 +15,13 @@ from collapsecheck.cli.options import (
     ScoreCheckpoint,
     ScorePrompts,
     ScoreRollouts,
+    ScoreServer,
     TurnSampling,
     Verbose,
 )
 from collapsecheck.cli.settings_options import takes_settings
 from collapsecheck.config import GateSettings
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.settings import (
     AnalysisSettings,
     LoadSettings,
@@ -44,7 +46,8 @@ def score(
     load: LoadSettings,
     gate_settings: GateSettings,
     outputs: OutputSettings,
-    checkpoint: ScoreCheckpoint,
+    checkpoint: ScoreCheckpoint = None,
+    server: ScoreServer = None,
     prompts: ScorePrompts = None,
     response_field: ResponseField = None,
     response_ids_field: ResponseIdsField = None,
@@ -64,10 +67,16 @@ def score(
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = gate_settings.load()
+        if (checkpoint is None) == (server is None):
+            raise CollapsecheckError(
+                "score needs the policy that produced the rollouts: --checkpoint DIR or "
+                "--server URL, one of them"
+            )
         check_outputs(outputs)  # before the work's imports (docs/decisions.md, "Start-up")
         from collapsecheck.inputs.rollouts import RolloutOptions
         from collapsecheck.runs.executors import run_here
         from collapsecheck.runs.plan import plan_rollout_file, read_rollouts_checked
+        from collapsecheck.runs.served import score_served
 
         options = RolloutOptions(
             rendering.prompt_field, response_field, response_ids_field, group_field,
@@ -76,18 +85,24 @@ def score(
         parsed = read_rollouts_checked(rollouts, options, prompts)  # before the checkpoint
         if outputs.keep_prompts is not None:
             check_keep_rollout_prompts(outputs.keep_prompts, rollouts, parsed, prompts)
-        plan = plan_rollout_file(
-            checkpoint_row(checkpoint, load), rollouts, options, settings,
-            training_prompts=prompts, dump=outputs.dump, parsed=parsed,
-        )  # fmt: skip
         with progress_bars(stderr) as progress:
-            (report,) = run_here(plan, verdict_thresholds(gate), progress, labelled=False)
+            if server is not None:
+                report = score_served(
+                    server, rollouts, settings, options, prompts, outputs.dump, parsed, say,
+                    progress,
+                )  # fmt: skip
+            else:
+                plan = plan_rollout_file(
+                    checkpoint_row(checkpoint, load), rollouts, options, settings,
+                    training_prompts=prompts, dump=outputs.dump, parsed=parsed,
+                )  # fmt: skip
+                (report,) = run_here(plan, verdict_thresholds(gate), progress, labelled=False)
         for note in score_notes(report):
             say(note)
         kept = write_prompt_outputs(report, outputs, None, settings)
         if kept:
             say(kept)
-    gate_single_report(report, gate, f"{rollouts} under {checkpoint}", outputs, verbose)
+    gate_single_report(report, gate, f"{rollouts} under {checkpoint or server}", outputs, verbose)
 
 
 def checkpoint_row(path: Path, load: LoadSettings) -> Any:

@@ -9,12 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from collapsecheck.engines.backends.served_api import api_base
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.progress import ProgressHook, silent
-from collapsecheck.reports.report import Report
 from collapsecheck.settings import AUTO, OutputSettings, Settings
+
+if TYPE_CHECKING:
+    from collapsecheck.engines.backends.base import Backend
+    from collapsecheck.inputs.rollouts import ParsedRollouts, RolloutOptions
+    from collapsecheck.reports.report import Report
 
 SCANS = 3  # a scan done again at most twice while the weights change under it
 
@@ -59,26 +64,56 @@ def require_servable(request: ServedScan, refused: dict[str, bool]) -> None:
 def scan_served(
     request: ServedScan, say: Callable[[str], None], progress: ProgressHook = silent
 ) -> Report:
-    """The served policy scanned, with the weights the same from before sampling to after
-    scoring (their canary's digest, `ServedBackend.canary_digest`); done again where they
-    changed, one line where they keep changing."""
-    from collapsecheck.engines.backends.served import ServedBackend
+    """`scan URL`: the served policy sampled and scored as a checkpoint is (`diagnose.scan`),
+    its weights watched (`watched`)."""
     from collapsecheck.runs.diagnose import scan
 
-    backend = ServedBackend(request.url)
+    def work(backend: Backend) -> Report:
+        return scan(api_base(request.url), request.prompts, request.settings,
+                    dump=request.outputs.dump, progress=progress, loaded=backend)  # fmt: skip
+
+    return watched(request.url, work, say)
+
+
+def score_served(
+    url: str, rollouts: Path, settings: Settings, options: RolloutOptions,
+    training_prompts: Path | None, dump: Path | None, parsed: ParsedRollouts,
+    say: Callable[[str], None], progress: ProgressHook = silent,
+) -> Report:  # fmt: skip
+    """`score ROLLOUTS --server URL`: the rollouts scored through the served policy as under
+    a checkpoint (`diagnose.score`), its weights watched (`watched`)."""
+    from collapsecheck.runs.diagnose import score
+
+    def work(backend: Backend) -> Report:
+        return score(api_base(url), rollouts, settings, rollout_options=options, dump=dump,
+                     progress=progress, loaded=backend, training_prompts=training_prompts,
+                     parsed=parsed)  # fmt: skip
+
+    return watched(url, work, say)
+
+
+def watched(url: str, work: Callable[[Backend], Report], say: Callable[[str], None]) -> Report:
+    """`work` done on the served policy with its weights the same from before it to after it
+    (their canary's digest, `ServedBackend.canary_digest`); done again where they changed (the
+    samples too), one line where they keep changing."""
+    from collapsecheck.engines.backends.served import ServedBackend
+
+    backend = ServedBackend(url)
     before = backend.canary_digest()
     for _ in range(SCANS):
         backend.policy_note = policy_note(backend, before)
-        report = scan(api_base(request.url), request.prompts, request.settings,
-                      dump=request.outputs.dump, progress=progress, loaded=backend)  # fmt: skip
+        report = work(backend)
         after = backend.canary_digest()
         if after == before:
+            if backend.server.retries:
+                say(f"note: {url}: {backend.server.retries} request(s) retried through "
+                    "transient faults (a server restarting, say)")  # fmt: skip
             return report
-        say(f"note: {request.url}: the served weights changed during the scan (canary "
+        say(f"note: {url}: the served weights changed during the scan (canary "
             f"{before} -> {after}): scanning again, samples included")  # fmt: skip
         before = after
     raise CollapsecheckError(
-        f"{request.url}: the served weights changed during each of {SCANS} scans: no diagnosis "
+        f"{url}: the served weights changed during each of {SCANS} scans: no diagnosis "
         "describes one policy (scan between weight updates, or scan a saved checkpoint)"
     )
 

@@ -119,6 +119,26 @@ def test_scan_url_gives_the_checkpoints_verdict(server, tmp_path):
     assert "the policy served at" in " ".join(served.stdout.split())
 
 
+def test_score_rollouts_through_the_server(server, tmp_path):
+    """`score ROLLOUTS --server URL`: the rollouts scored through the served policy give the
+    numbers `score -c CHECKPOINT` gives (float32 both) and its verdict; neither or both of
+    --server and --checkpoint is one line."""
+    rollouts = ROOT / "examples" / "rollouts" / "gridworld.jsonl"
+    served = collapsecheck("score", rollouts, "--server", server.url, "--fail-on", "none",
+                           "--json", tmp_path / "served.json")  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    local = collapsecheck("score", rollouts, "-c", HEALTHY, "--dtype", "float32",
+                          "--fail-on", "none", "--json", tmp_path / "local.json")  # fmt: skip
+    assert local.returncode == 0, local.stderr
+    ours, theirs = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("served", "local"))
+    assert ours["verdict"]["regime"] == theirs["verdict"]["regime"]
+    for name in ("mi_estimate", "normalized_mi", "retrieval_accuracy"):
+        assert ours["metrics"][name]["value"] == pytest.approx(
+            theirs["metrics"][name]["value"], abs=1e-4)  # fmt: skip
+    both = collapsecheck("score", rollouts, "--server", server.url, "-c", HEALTHY)
+    assert both.returncode == 2 and "--checkpoint DIR or --server URL" in both.stderr
+
+
 def test_weights_swapped_under_a_scan_are_caught(tmp_path):
     """The server restarted with the collapsed checkpoint on the same port while the healthy
     one's traces are scored: the canary's digest differs after the scan, the scan is done

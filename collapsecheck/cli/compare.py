@@ -33,18 +33,23 @@ from collapsecheck.settings import (
 
 
 def obtain_report(
-    path: Path, prompts: Path | None, settings: Settings, gate: Any, cache: Path,
+    target: str, prompts: Path | None, settings: Settings, gate: Any, cache: Path,
     rescan: bool, progress: Any, prior: Any = None, env: EnvSettings | None = None,
 ) -> tuple[Any, Any]:  # fmt: skip
-    """A saved report (a report.json, or a dump directory), else a cached scan of the
-    checkpoint at `path` (with its reasoning also scored under `prior`, a checkpoint; played
-    in `env`'s environment where it names one); with the checkpoint, None for a saved
-    report."""
+    """A saved report (a report.json, or a dump directory), a served policy's scan (`target`
+    a URL; its reasoning is not scored under `prior`, said), else a cached scan of the
+    checkpoint at `target` (with its reasoning also scored under `prior`, a checkpoint; played
+    in `env`'s environment where it names one); with the checkpoint, None for a saved report
+    or a served policy."""
+    from collapsecheck.engines.backends.served_api import is_served
     from collapsecheck.inputs.discovery import find_checkpoints
     from collapsecheck.reports.dump import REPORT_FILE
     from collapsecheck.reports.report import Report
     from collapsecheck.runs.run import cached_play, cached_scan
 
+    if is_served(target):
+        return served_report(target, prompts, settings, progress, prior, env), None
+    path = Path(target)
     if path.is_file():
         return Report.load(path), None
     if (path / REPORT_FILE).is_file() and not (path / "config.json").exists():
@@ -121,8 +126,23 @@ def compare(
         finish_gate(results, outputs.junit, "collapsecheck.reports.compare", enforce=gate_exit)
 
 
+def served_report(
+    url: str, prompts: Path | None, settings: Settings, progress: Any, prior: Any,
+    env: EnvSettings | None,
+) -> Any:  # fmt: skip
+    """A served policy's scan, as `scan URL` makes it (`runs.served`)."""
+    from collapsecheck.runs.served import ServedScan, require_servable, scan_served
+
+    request = ServedScan(url, prompts, settings, OutputSettings())
+    require_servable(request, {"--env": env is not None and env.env is not None})
+    if prior is not None:
+        say(f"note: {url} is served: its reasoning is not also scored under A (that needs its "
+            "checkpoint's files)")  # fmt: skip
+    return scan_served(request, say, progress)
+
+
 def both_reports(
-    pair: tuple[Path, Path], prompts: Path | None, settings: Settings, gate: Any, cache: Path,
+    pair: tuple[str, str], prompts: Path | None, settings: Settings, gate: Any, cache: Path,
     rescan: bool, progress: Any, env: EnvSettings,
 ) -> tuple[Any, Any]:  # fmt: skip
     """A's report and B's: B's reasoning also scored under A, where A is a checkpoint (not in

@@ -217,14 +217,18 @@ Verbose = Annotated[
 ]  # fmt: skip
 
 A = Annotated[
-    Path,
+    str,
     typer.Argument(
-        help="Checkpoint A (the baseline; a checkpoint B is also scored under it), or its "
-        "report.json."
+        help="Checkpoint A (the baseline; a checkpoint B is also scored under it), its "
+        "report.json, or a vLLM server's URL serving it (http://HOST:PORT/v1)."
     ),
 ]
-
-B = Annotated[Path, typer.Argument(help="Checkpoint B (the candidate), or its report.json.")]
+B = Annotated[
+    str,
+    typer.Argument(
+        help="Checkpoint B (the candidate), its report.json, or a vLLM server's URL serving it."
+    ),
+]
 
 MaxDrop = Annotated[
     float | None,

@@ -139,6 +139,18 @@ def test_score_rollouts_through_the_server(server, tmp_path):
     assert both.returncode == 2 and "--checkpoint DIR or --server URL" in both.stderr
 
 
+def test_compare_takes_a_url_on_either_side(server, tmp_path):
+    """`compare CHECKPOINT URL`: the served policy's scan beside the checkpoint's; its
+    reasoning is not scored under A (said), and the same weights lose nothing."""
+    done = collapsecheck("compare", HEALTHY, server.url, *SCAN[:-2], "--dtype", "float32",
+                         "--out", tmp_path / "cache")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = " ".join((done.stdout + done.stderr).split())
+    assert f"B: grounded (diverse) {server.url}" in said
+    assert "is served: its reasoning is not also scored under A" in said
+    assert "B did not lose input dependence relative to A" in said
+
+
 def test_weights_swapped_under_a_scan_are_caught(tmp_path):
     """The server restarted with the collapsed checkpoint on the same port while the healthy
     one's traces are scored: the canary's digest differs after the scan, the scan is done

@@ -209,6 +209,7 @@ bench-real: $(STAMP)
 # vLLM's prompt log-probabilities against the transformers scorer, in the vLLM environment
 bench-vllm: vllm-env
 	$(VLLM_VENV)/bin/python bench/bench_vllm.py --write
+	$(VLLM_VENV)/bin/python bench/served.py --write
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -7,16 +7,12 @@ restarted with another checkpoint on the same port) are caught; each fault is on
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 
-import httpx
 import numpy as np
 import pytest
 
+from bench.vllm_server import VLLMServer, free_port
 from collapsecheck.engines.backends.base import SamplingParams, ScoreRequest, no_progress
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.engines.backends.served import ServedBackend
@@ -26,46 +22,7 @@ from collapsecheck.settings import LoadSettings
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS, ROOT
 from tests.conftest import run_collapsecheck as collapsecheck
 
-START_S = 300  # a CPU server's start, on a busy machine
 SCAN = ("-p", PROMPTS, "-n", "8", "-k", "4", "--max-new-tokens", "48", "--fail-on", "none")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class VLLMServer:
-    """`vllm serve` of a checkpoint on 127.0.0.1:`port`, float32, as a job runs it."""
-
-    def __init__(self, checkpoint, port: int, *extra: str) -> None:
-        self.url = f"http://127.0.0.1:{port}/v1"
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                   str(checkpoint), "--dtype", "float32", "--host", "127.0.0.1", "--port",
-                   str(port), "--served-model-name", "policy", *extra]  # fmt: skip
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-        self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, "the vLLM server exited while starting"
-            try:
-                if httpx.get(f"{self.url}/models", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise AssertionError(f"the vLLM server did not start within {START_S} s")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -254,5 +254,16 @@ Config = Annotated[
 ]
 
 WatchRun = Annotated[
-    Path, typer.Argument(help="The run directory a trainer is writing (it may not exist yet).")
+    str,
+    typer.Argument(
+        help="The run directory a trainer is writing (it may not exist yet), or the URL of "
+        "the vLLM server serving its policy (http://HOST:PORT/v1; with --every)."
+    ),
+]
+Every = Annotated[
+    str | None,
+    typer.Option(
+        help="With a served policy's URL: diagnose it each DURATION (30s, 10m, 1h; seconds "
+        "where no unit), from one diagnosis's start to the next's."
+    ),
 ]

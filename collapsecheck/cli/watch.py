@@ -11,6 +11,7 @@ from collapsecheck.cli.app import app, say, stderr, stdout, user_errors
 from collapsecheck.cli.finishing import dashboards, verdict_thresholds
 from collapsecheck.cli.options import (
     Baseline,
+    Every,
     NoTrainLog,
     Rollouts,
     ScanPrompts,
@@ -24,6 +25,7 @@ from collapsecheck.cli.options import (
 )
 from collapsecheck.cli.settings_options import takes_settings
 from collapsecheck.config import GateSettings
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.settings import (
     AnalysisSettings,
     EnvSettings,
@@ -53,6 +55,7 @@ def watch(
     following: WatchSettings,
     env_settings: EnvSettings,
     prompts: ScanPrompts = None,
+    every: Every = None,
     rollouts: Rollouts = None,
     train_log: TrainLog = None,
     no_train_log: NoTrainLog = False,
@@ -64,15 +67,26 @@ def watch(
 ) -> None:
     """Follow a run that is still training: diagnose each checkpoint as soon as its trainer
     has written it whole, into the console, the results cache, --html and the dashboard."""
+    from collapsecheck.engines.backends.served_api import is_served
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.reports.progress_display import progress_bars
 
+    settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
+    if is_served(run_dir) or every is not None:
+        refused = {
+            "--rollouts": rollouts is not None, "--baseline": baseline is not None,
+            "--train-log": train_log is not None, "--out": outputs.out is not None,
+            "--env": env_settings.env is not None,
+        }  # fmt: skip
+        code = watch_served(run_dir, every, prompts, settings, outputs, following, gate_settings,
+                            refused, tensorboard, wandb, verbose)  # fmt: skip
+        raise typer.Exit(code)
+    run_dir = Path(run_dir)
     with user_errors():
         gate = gate_settings.load()
         check_outputs(outputs)  # before the work's imports (docs/decisions.md, "Start-up")
         from collapsecheck.runs.watch import Watch
 
-        settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
         traces, settings = watched_traces(
             run_dir, settings, env_settings, prompts, rollouts, baseline
         )
@@ -94,6 +108,58 @@ def watch(
         if watcher.followed.done:
             print_watched(watcher.run_report(), outputs, verbose)
     raise typer.Exit(code)
+
+
+def watch_served(
+    url: str, every: str | None, prompts: Path | None, settings: Settings,
+    outputs: OutputSettings, following: WatchSettings, gate_settings: GateSettings,
+    refused: dict[str, bool], tensorboard: str | None, wandb: str | None, verbose: bool,
+) -> int:  # fmt: skip
+    """`watch URL --every DURATION`: the served policy diagnosed each interval
+    (`runs.served_watch`), each diagnosis written as a run's step is; the exit code."""
+    from collapsecheck.engines.backends.served_api import is_served
+    from collapsecheck.reports.outputs import check_outputs
+    from collapsecheck.reports.progress_display import progress_bars
+
+    with user_errors():
+        if not is_served(url) or every is None:
+            raise CollapsecheckError(
+                "--every DURATION goes with a served policy's URL (http://HOST:PORT/v1): "
+                f"watch {url} " + ("--every DURATION" if every is None else "is a run directory")
+            )
+        from collapsecheck.runs.served import ServedScan, require_servable
+        from collapsecheck.runs.served_watch import ServedWatch, seconds
+
+        gate = gate_settings.load()
+        request = ServedScan(url, prompts, settings, outputs)
+        require_servable(request, refused)
+        interval = seconds(every)
+        check_outputs(outputs)
+        boards = served_dashboards(url, tensorboard, wandb)
+        with progress_bars(stderr) as progress:
+            watcher = ServedWatch(request, interval, following, gate, say, progress,
+                                  step_outputs(url, outputs, boards))  # fmt: skip
+            try:
+                code = watcher.follow()
+            finally:
+                for board in boards:
+                    board.close()
+        if watcher.done:
+            print_watched(watcher.run_report(), outputs, verbose)
+    return code
+
+
+def served_dashboards(url: str, tensorboard: str | None, wandb: str | None) -> list[Any]:
+    """--tensorboard DIR and --wandb RUN_PATH for a served policy: a folder must be named
+    (there is no run folder to find the trainer's in)."""
+    from collapsecheck.reports.tensorboard import AUTO
+
+    if tensorboard == AUTO:
+        raise CollapsecheckError(
+            "--tensorboard auto finds a run folder's event files: a served policy has none; "
+            "name the folder (the trainer's TensorBoard log directory)"
+        )
+    return dashboards(tensorboard, wandb, Path(url), None)
 
 
 def watched_traces(
@@ -127,7 +193,7 @@ def start_policy(baseline: Path | None, load: LoadSettings) -> Any:
     return require_baseline(baseline, [], load.base_model, load.trust_remote_code)
 
 
-def step_outputs(run_dir: Path, outputs: OutputSettings, boards: list[Any]) -> Any:
+def step_outputs(run_dir: Path | str, outputs: OutputSettings, boards: list[Any]) -> Any:
     """What `watch` writes after each step: --html (the run so far) and the dashboards."""
 
     def after_step(run: Any, row: Any, report: Any) -> None:

@@ -221,7 +221,7 @@ def run_figure(run: RunReport) -> Any:
         _trainer_view(axes[1], run)
     _quadrants(axes[-1], run)
     onset = f"onset at step {run.onset_step}" if run.onset is not None else "no onset"
-    figure.suptitle(f"collapsecheck: {run.run_dir.name} ({onset})", fontsize=12)
+    figure.suptitle(f"collapsecheck: {run.name} ({onset})", fontsize=12)
     return figure
 
 

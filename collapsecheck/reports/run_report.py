@@ -67,7 +67,7 @@ class RunStep:
 
 @dataclass
 class RunReport:
-    run_dir: Path
+    run_dir: Path | str  # a run's folder, or a served policy's URL (`watch URL`)
     steps: list[RunStep]
     onset: Onset | None
     notes: list[str] = field(default_factory=list)  # checkpoints left out, a root read as a step
@@ -75,6 +75,11 @@ class RunReport:
     training_log_reason: str | None = None  # why there is none
     findings: list[Finding] = field(default_factory=list)
     traces: str | None = None  # where the traces came from, when the trainer sampled them
+
+    @property
+    def name(self) -> str:
+        """The run's folder name, or the served policy's URL."""
+        return self.run_dir if isinstance(self.run_dir, str) else self.run_dir.name
 
     @property
     def onset_step(self) -> int | str | None:
@@ -113,7 +118,7 @@ class RunReport:
                 {
                     "name": s.checkpoint.name,
                     "step": s.checkpoint.step,
-                    "checkpoint": str(s.checkpoint.checkpoint.path),
+                    "checkpoint": s.checkpoint.checkpoint.where,
                     "format": s.checkpoint.checkpoint.kind,
                     "dump": str(s.report.dump_dir) if s.report.dump_dir else None,
                     "training_log": {k: w.to_dict() for k, w in s.training_log.items()},

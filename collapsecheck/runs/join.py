@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from collapsecheck.inputs.training_logs import TrainingLog
 from collapsecheck.measures.findings import find, series_keys, step_windows, strategy_narrowing
@@ -42,15 +43,27 @@ def join(plan: ScanPlan, reports: Sequence[Report], context: RunContext) -> RunR
     ]
     if context.baseline and plan.sampled:
         read_against_start([s.report for s in steps[1:]], steps[0].report)
-    apply_run_ema([s.report.metrics for s in steps])
-    run = RunReport(
-        context.run_dir, steps, run_onset(steps), [*context.notes, *plan.notes],
-        training_log_reason=context.log_reason, traces=plan.traces,
-    )  # fmt: skip
+    run = run_of(context.run_dir, steps, [*context.notes, *plan.notes],
+                 training_log_reason=context.log_reason, traces=plan.traces)  # fmt: skip
     if context.training_log is not None:
         # a run of the trainer's rollouts has no baseline row: its first row is a step
         baseline = context.baseline and plan.sampled
         beside_the_log(run, context.training_log, context.train_keys, baseline)
+    return with_narrowing(run)
+
+
+def run_of(
+    run_dir: Path | str, steps: list[RunStep], notes: list[str], **extra: Any
+) -> RunReport:  # fmt: skip
+    """The run report of its steps, in order: the run's smoothed series and its onset
+    (`extra`: the run report's other fields)."""
+    apply_run_ema([s.report.metrics for s in steps])
+    return RunReport(run_dir, steps, run_onset(steps), notes, **extra)
+
+
+def with_narrowing(run: RunReport) -> RunReport:
+    """The run with its strategy-narrowing finding, where its steps show one."""
+    steps = run.steps
     narrowing = strategy_narrowing(
         [s.checkpoint.label for s in steps], [s.report.metrics for s in steps]
     )

@@ -286,7 +286,7 @@ def run_on_fail(command: str, row: RunCheckpoint, failed: list[RuleResult], say:
     env = {
         **os.environ,
         "COLLAPSECHECK_STEP": row.label,
-        "COLLAPSECHECK_CHECKPOINT": str(row.checkpoint.path),
+        "COLLAPSECHECK_CHECKPOINT": row.checkpoint.where,
         "COLLAPSECHECK_RULE": ",".join(r.name for r in failed),
         "COLLAPSECHECK_MESSAGE": "; ".join(r.message for r in failed),
     }
@@ -450,12 +450,25 @@ class Watch:
         self.say(step_line(report, unit, written))
         self.say_temperature(report)
         self.after_step(self.run_report(), unit.row, report)
-        failed = failures(check_report(report, self.gate))
-        if not failed:
-            return None
-        for rule in failed:
-            self.say(f"gate failed at step {unit.label} (rule: {rule.name}): {rule.message}")
-        if self.watch.on_fail and not self.followed.fired:
-            self.followed.fired = True
-            run_on_fail(self.watch.on_fail, unit.row, failed, self.say)
-        return EXIT_FAIL if self.watch.stop_on_fail else None
+        code, self.followed.fired = gated(
+            report, unit.row, self.gate, self.watch, self.say, self.followed.fired
+        )
+        return code
+
+
+def gated(
+    report: Report, row: RunCheckpoint, gate: GateConfig, watch: WatchSettings, say: Say,
+    fired: bool,
+) -> tuple[int | None, bool]:  # fmt: skip
+    """A step's report through the gate: each failed rule said, --on-fail run at the first
+    failure of the watch (`fired`: it has run), and the exit code where --stop-on-fail ends
+    the watch; with whether --on-fail has run now."""
+    failed = failures(check_report(report, gate))
+    if not failed:
+        return None, fired
+    for rule in failed:
+        say(f"gate failed at step {row.label} (rule: {rule.name}): {rule.message}")
+    if watch.on_fail and not fired:
+        fired = True
+        run_on_fail(watch.on_fail, row, failed, say)
+    return (EXIT_FAIL if watch.stop_on_fail else None), fired

@@ -108,6 +108,33 @@ def test_compare_takes_a_url_on_either_side(server, tmp_path):
     assert "B did not lose input dependence relative to A" in said
 
 
+def test_watch_url_diagnoses_each_interval_into_the_run_table_and_dashboard(server, tmp_path):
+    """`watch URL --every 0s`: a diagnosis after another, each a row of the run (its step its
+    number) in --json, on the page and in TensorBoard; --until's file ends it."""
+    import subprocess
+    import sys
+
+    until = tmp_path / "done"
+    command = [sys.executable, "-c", "from collapsecheck.cli import main; main()", "watch",
+               server.url, "--every", "0s", *map(str, SCAN), "--until", str(until),
+               "--json", str(tmp_path / "run.json"), "--html", str(tmp_path / "run.html"),
+               "--tensorboard", str(tmp_path / "tb")]  # fmt: skip
+    watching = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                                env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    lines = []
+    for line in watching.stderr:
+        lines.append(line)
+        if line.startswith("diagnosis 1 at"):
+            until.touch()  # while the second diagnosis runs
+    assert watching.wait(60) == 0, "".join(lines)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["run_dir"] == server.url
+    assert [s["step"] for s in run["steps"]] == [1, 2]
+    assert all(s["checkpoint"] == server.url for s in run["steps"])
+    assert any(line.startswith("diagnosis 2 at") for line in lines)
+    assert (tmp_path / "run.html").is_file() and list((tmp_path / "tb").rglob("events.*"))
+
+
 def test_weights_swapped_under_a_scan_are_caught(tmp_path):
     """The server restarted with the collapsed checkpoint on the same port while the healthy
     one's traces are scored: the canary's digest differs after the scan, the scan is done

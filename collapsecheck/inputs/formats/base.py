@@ -29,6 +29,13 @@ class Checkpoint:
     base: Checkpoint | None = None
     # what was read other than the folder named, or how it was read (said in the report)
     note: str | None = None
+    # where the policy was read, where not a folder (a served policy's URL: a Path folds "//")
+    url: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The folder, or the URL of a served policy."""
+        return self.url or str(self.path)
 
 
 # Loads another checkpoint's weights (an adapter's base) with the same dtype and settings.

@@ -24,14 +24,17 @@ def free_port() -> int:
 
 
 class VLLMServer:
-    """`vllm serve` of a checkpoint on 127.0.0.1:`port`, float32, as a job runs it."""
+    """`vllm serve` of a checkpoint on 127.0.0.1:`port`, float32, as a job runs it (`dev_mode`:
+    with the routes an RL trainer drives, VLLM_SERVER_DEV_MODE=1)."""
 
-    def __init__(self, checkpoint, port: int, *extra: str) -> None:
+    def __init__(self, checkpoint, port: int, *extra: str, dev_mode: bool = False) -> None:
         self.url = f"http://127.0.0.1:{port}/v1"
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                    str(checkpoint), "--dtype", "float32", "--host", "127.0.0.1", "--port",
                    str(port), "--served-model-name", "policy", *extra]  # fmt: skip
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+        if dev_mode:  # vLLM's RL routes: /weight_info, /update_weight_version
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)  # fmt: skip
         deadline = time.monotonic() + START_S

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from collapsecheck.engines.backends.served_api import api_base
 from collapsecheck.errors import CollapsecheckError
@@ -94,23 +94,23 @@ def score_served(
 
 def watched(url: str, work: Callable[[Backend], Report], say: Callable[[str], None]) -> Report:
     """`work` done on the served policy with its weights the same from before it to after it
-    (their canary's digest, `ServedBackend.canary_digest`); done again where they changed (the
-    samples too), one line where they keep changing."""
+    (the version the server states and the canary's digest: `ServedBackend.weights`); done
+    again where they changed (the samples too), one line where they keep changing."""
     from collapsecheck.engines.backends.served import ServedBackend
 
     backend = ServedBackend(url)
-    before = backend.canary_digest()
+    before = backend.weights()
     for _ in range(SCANS):
         backend.policy_note = policy_note(backend, before)
         report = work(backend)
-        after = backend.canary_digest()
+        after = backend.weights()
         if after == before:
             if backend.server.retries:
                 say(f"note: {url}: {backend.server.retries} request(s) retried through "
                     "transient faults (a server restarting, say)")  # fmt: skip
             return report
-        say(f"note: {url}: the served weights changed during the scan (canary "
-            f"{before} -> {after}): scanning again, samples included")  # fmt: skip
+        say(f"note: {url}: the served weights changed during the scan ({before} -> {after}): "
+            "scanning again, samples included")  # fmt: skip
         before = after
     raise CollapsecheckError(
         f"{url}: the served weights changed during each of {SCANS} scans: no diagnosis "
@@ -118,13 +118,13 @@ def watched(url: str, work: Callable[[Backend], Report], say: Callable[[str], No
     )
 
 
-def policy_note(backend: object, digest: str) -> str:
-    """What the report says it describes: the server, its model, the weights' canary digest,
-    and that the traces are not exactly resampled unless the server is batch-invariant."""
-    info = backend.info  # type: ignore[attr-defined]
+def policy_note(backend: Any, weights: Any) -> str:
+    """What the report says it describes: the server, its model, the weights (their stated
+    version, their canary's digest), and that the traces are not exactly resampled unless the
+    server is batch-invariant."""
+    info = backend.info
     return (
         f"the policy served at {info.url} ({info.model}, {info.kind} {info.version}), weights "
-        f"{digest} by their canary's digest, the same before sampling and after scoring; a "
-        "server not launched batch-invariant (VLLM_BATCH_INVARIANT=1) does not resample these "
-        "traces exactly"
+        f"{weights}, the same before sampling and after scoring; a server not launched "
+        "batch-invariant (VLLM_BATCH_INVARIANT=1) does not resample these traces exactly"
     )

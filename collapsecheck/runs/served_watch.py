@@ -1,8 +1,9 @@
-"""`collapsecheck watch URL --every DURATION`: the policy a live RL job serves, diagnosed each
-interval through its server (SPEC "The policy where it is served"), each diagnosis a row of
-the run as `watch RUN_DIR` writes a checkpoint's: the console line, the run table, --html, the
-dashboards (at step 1, 2, ... in diagnosis order) and the gate (`watch.gated`). It ends where
---until's file exists (after a diagnosis), at --stop-on-fail's failure, or when stopped."""
+"""`collapsecheck watch URL --every DURATION`: the policy a live RL job serves, diagnosed
+through its server each interval, and each time the weight version the server states changes
+(SPEC "The policy where it is served"). Each diagnosis is a row of the run as `watch RUN_DIR`
+writes a checkpoint's: the console line, the run table, --html, the dashboards (at step 1,
+2, ... in diagnosis order) and the gate (`watch.gated`). It ends where --until's file exists
+(after a diagnosis), at --stop-on-fail's failure, or when stopped."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from collapsecheck.config import GateConfig
+from collapsecheck.engines.backends.served_api import PolicyServer
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.formatting import format_number
 from collapsecheck.inputs.checkpoint import Checkpoint
@@ -62,9 +64,11 @@ class ServedWatch:
     fired: bool = False
 
     def follow(self) -> int:
-        """A diagnosis each interval (from one's start to the next's) until the watch ends;
-        the exit code."""
+        """A diagnosis each interval (from one's start to the next's), and each time the
+        weight version the server states changes, until the watch ends; the exit code."""
         until = self.watch.until
+        server = PolicyServer(self.request.url)
+        server.discover()
         while True:
             started = time.monotonic()
             code = self.diagnose()
@@ -73,7 +77,17 @@ class ServedWatch:
             if until is not None and until.exists():
                 self.say(f"the run ended ({until} exists)")
                 return 0
-            time.sleep(max(0.0, self.every - (time.monotonic() - started)))
+            self.wait(server, started, server.weight_version())
+
+    def wait(self, server: PolicyServer, started: float, version: str | None) -> None:
+        """Until the interval since `started` has passed or, where the server states a weight
+        version, it states another than `version` (looked at each --poll seconds)."""
+        while (left := self.every - (time.monotonic() - started)) > 0:
+            time.sleep(min(left, self.watch.poll) if version is not None else left)
+            now = server.weight_version() if version is not None else None
+            if now != version:
+                self.say(f"{self.request.url}: weights now version {now} (were {version})")
+                return
 
     def diagnose(self) -> int | None:
         """One diagnosis of the policy served now, written and gated."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -124,7 +125,7 @@ def test_watch_url_diagnoses_each_interval_into_the_run_table_and_dashboard(serv
     lines = []
     for line in watching.stderr:
         lines.append(line)
-        if line.startswith("diagnosis 1 at"):
+        if line.startswith("sampling, step 2"):
             until.touch()  # while the second diagnosis runs
     assert watching.wait(60) == 0, "".join(lines)
     run = json.loads((tmp_path / "run.json").read_text())
@@ -162,9 +163,41 @@ def test_weights_swapped_under_a_scan_are_caught(tmp_path):
         (swapped or [first])[0].stop()
     assert swapped, "the scan never reached its scoring"
     (changed,) = [s for s in said if "the served weights changed during the scan" in s]
-    now = changed.split(" -> ")[1].split(")")[0]
-    assert f"weights {now} by their canary's digest" in report.settings["checkpoint_note"]
+    now = changed.split(" -> ")[1].split("): ")[0]
+    assert now.startswith("canary digest ")  # a server that states no weight version
+    assert f"weights {now}, the same before" in report.settings["checkpoint_note"]
     assert report.verdict.regime != "grounded"  # the collapsed checkpoint's, scanned again
+
+
+def test_a_weight_version_the_server_states_is_read_and_its_change_caught(tmp_path):
+    """vLLM's server in its RL mode (VLLM_SERVER_DEV_MODE=1) states its weights' version
+    (`GET /weight_info`), set by the trainer (`POST /update_weight_version`): a version set
+    while the scan scores is a change, the scan is done again, and the report names the version
+    it describes."""
+    from collapsecheck.runs.served import ServedScan, scan_served
+    from collapsecheck.settings import OutputSettings, SamplingSettings, Settings
+
+    server = VLLMServer(HEALTHY, free_port(), dev_mode=True)
+    root = server.url.removesuffix("/v1")
+    set_version: list[int] = []
+
+    def progress(stage: str, total: int):
+        if stage.startswith("scoring") and not set_version:
+            answer = httpx.post(f"{root}/update_weight_version", json={"new_version": "step-7"})
+            set_version.append(answer.status_code)
+        return lambda n: None
+
+    said: list[str] = []
+    settings = Settings(sampling=SamplingSettings(k=2, num_prompts=4, max_new_tokens=32))
+    try:
+        report = scan_served(ServedScan(server.url, PROMPTS, settings, OutputSettings()),
+                             said.append, progress)  # fmt: skip
+    finally:
+        server.stop()
+    assert set_version == [200]
+    (changed,) = [s for s in said if "the served weights changed during the scan" in s]
+    assert "-> version step-7, canary digest" in changed
+    assert "weights version step-7, canary digest" in report.settings["checkpoint_note"]
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,14 @@ explicit seeds, the token ids returned) and scores with the same route's prompt
 log-probabilities (`prompt_logprobs: 0`, several prompts a request); prompts are rendered by
 the server's own chat template and tokenizer (`ServedTokenizer`), so every id is the server's.
 Prompt log-probabilities are untempered: scoring is exact at temperature 1 only. A fixed
-canary, scored before and after the work, tells whether the weights changed meanwhile
-(`canary_digest`)."""
+canary, scored before and after the work, and the weight version the server states where it
+states one, tell whether the weights changed meanwhile (`weights`)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,19 @@ CANARY = "The quick brown fox jumps over the lazy dog. 0123456789"  # scored as 
 # a canary's log-probabilities are read to this many decimals for its digest: a server's
 # rounding between batches stays below it, any change of weights moves them far more
 CANARY_DECIMALS = 3
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The served weights as the scan can tell them: the server's stated version (None where
+    it states none) and the canary's digest (`ServedBackend.canary_digest`)."""
+
+    version: str | None
+    digest: str
+
+    def __str__(self) -> str:
+        stated = f"version {self.version}, " if self.version is not None else ""
+        return f"{stated}canary digest {self.digest}"
 
 
 class ServedTokenizer:
@@ -144,6 +158,11 @@ class ServedBackend:
             read = [position_logprob(entry, row, t) for t in range(start, len(row))]
             tokens.append(np.array(read, dtype=np.float64))
         return TokenLogProbs.of(np.array([t.sum() for t in tokens]), tokens)
+
+    def weights(self) -> Weights:
+        """What tells the served weights apart: the version the server states, where it
+        states one, and the canary's digest."""
+        return Weights(self.server.weight_version(), self.canary_digest())
 
     def canary_digest(self) -> str:
         """A digest of the fixed canary's log-probabilities (CANARY_DECIMALS): the same while

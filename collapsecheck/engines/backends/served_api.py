@@ -67,15 +67,28 @@ class PolicyServer:
         served = models[0]
         self.model = str(served.get("id"))
         version = self.call("GET", f"{self.root}/version", missing_ok=True)
-        if version is None:
+        # a router in front of vLLM (vllm-router: prime-rl's, SkyRL's) may not pass /version
+        # on; /tokenize it does, and a server without it is not one collapsecheck can read
+        if version is None and self.call("POST", f"{self.root}/tokenize",
+                                         {"model": self.model, "prompt": "a"},
+                                         missing_ok=True) is None:  # fmt: skip
             raise CollapsecheckError(
-                f"{self.url}: not a vLLM server (no /version): collapsecheck reads prompt "
-                "log-probabilities and token ids from vLLM's OpenAI-compatible server"
+                f"{self.url}: not a vLLM server (no /version, no /tokenize): collapsecheck "
+                "reads token ids and prompt log-probabilities from vLLM's OpenAI-compatible "
+                "server"
             )
         window = served.get("max_model_len")
         self.retrying = True
-        return ServerInfo(self.url, "vllm", str(version.get("version")), self.model,
-                          int(window) if window else None)  # fmt: skip
+        said = str(version.get("version")) if version else "(its version not said)"
+        return ServerInfo(self.url, "vllm", said, self.model, int(window) if window else None)
+
+    def weight_version(self) -> str | None:
+        """The weight version vLLM's server states (`GET /weight_info`, served where it runs
+        with VLLM_SERVER_DEV_MODE=1, set by the trainer's `/update_weight_version` or
+        `/finish_weight_update`); None where it states none."""
+        info = self.call("GET", f"{self.root}/weight_info", missing_ok=True)
+        version = info.get("weight_version") if isinstance(info, dict) else None
+        return None if version is None else str(version)
 
     def tokenize_chat(self, messages: Sequence[Any], template_kwargs: dict[str, Any]) -> list[int]:
         """The messages rendered by the server's chat template, with the generation prompt,

@@ -7,7 +7,6 @@ restarted with another checkpoint on the same port) are caught; each fault is on
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import numpy as np
@@ -17,7 +16,6 @@ from bench.vllm_server import VLLMServer, free_port
 from collapsecheck.engines.backends.base import SamplingParams, ScoreRequest, no_progress
 from collapsecheck.engines.backends.hf import TransformersBackend
 from collapsecheck.engines.backends.served import ServedBackend
-from collapsecheck.inputs.environments.endpoint import Recorder, Serving, endpoint_app
 from collapsecheck.inputs.prompts import load_prompts, render_prompt
 from collapsecheck.settings import LoadSettings
 from tests.conftest import COLLAPSED, HEALTHY, PROMPTS, ROOT
@@ -198,42 +196,3 @@ def test_a_weight_version_the_server_states_is_read_and_its_change_caught(tmp_pa
     (changed,) = [s for s in said if "the served weights changed during the scan" in s]
     assert "-> version step-7, canary digest" in changed
     assert "weights version step-7, canary digest" in report.settings["checkpoint_note"]
-
-
-@pytest.mark.parametrize(
-    ("args", "said"),
-    [
-        (("--temperature", "0.7"), "scored at temperature 1 only"),
-        (("--rollouts", "r.jsonl"), "--rollouts needs a checkpoint's files"),
-        (("--backend", "transformers"), "sampled and scored by its server"),
-    ],
-)
-def test_what_a_served_scan_cannot_do_is_one_line_before_any_request(args, said, tmp_path):
-    """Refused before any request: no server listens on the port, and the line is the
-    refusal's, not a connection's."""
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    done = collapsecheck("scan", url, *SCAN, *args, "--json", tmp_path / "r.json")
-    assert done.returncode == 2 and said in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr and not (tmp_path / "r.json").exists()
-
-
-def test_a_server_that_cannot_serve_is_one_line_within_seconds(tmp_path):
-    """Nothing listening, and a server that is not vLLM's (collapsecheck's own endpoint: no
-    /version, no prompt log-probabilities): one line each, exit 2, nothing written, without
-    the retries a scan under way gets."""
-    nobody = f"http://127.0.0.1:{free_port()}/v1"
-    started = time.monotonic()
-    done = collapsecheck("scan", nobody, *SCAN, "--json", tmp_path / "r.json")
-    assert done.returncode == 2 and "cannot reach the server" in done.stderr, done.stderr
-    assert time.monotonic() - started < 30 and not (tmp_path / "r.json").exists()
-
-    class Silent:
-        name = "other"
-
-        def answer(self, request):  # pragma: no cover - never reached: discovery stops first
-            raise AssertionError("a request was answered")
-
-    with Serving(endpoint_app(Silent(), Recorder())) as other:
-        done = collapsecheck("scan", other.base_url, *SCAN, "--json", tmp_path / "r.json")
-    assert done.returncode == 2 and "not a vLLM server" in done.stderr, done.stderr
-    assert not (tmp_path / "r.json").exists()

@@ -91,3 +91,13 @@ def test_a_server_that_cannot_serve_is_one_line_within_seconds(tmp_path):
         done = collapsecheck("scan", other.base_url, *SCAN, "--json", tmp_path / "r.json")
     assert done.returncode == 2 and "not a vLLM server" in done.stderr, done.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_watch_every_goes_with_a_url_and_a_url_with_every(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    without = collapsecheck("watch", url, *SCAN)
+    assert without.returncode == 2 and "--every DURATION goes with" in without.stderr
+    folder = collapsecheck("watch", tmp_path, "--every", "10m", *SCAN)
+    assert folder.returncode == 2 and "is a run directory" in folder.stderr
+    unreadable = collapsecheck("watch", url, "--every", "soon", *SCAN)
+    assert unreadable.returncode == 2 and "a duration such as 30s" in unreadable.stderr

@@ -155,3 +155,9 @@ def bare_options(argv: Sequence[str]) -> list[str]:
         else arg
         for at, arg in enumerate(argv)
     ]
+
+
+def flags_given(**values: object) -> dict[str, bool]:
+    """Each option's flag (its name with dashes) and whether the command line gave it."""
+    return {f"--{name.replace('_', '-')}": value not in (None, False)
+            for name, value in values.items()}  # fmt: skip

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from collapsecheck.cli.app import app, say, stderr, stdout, user_errors
+from collapsecheck.cli.app import app, flags_given, say, stderr, stdout, user_errors
 from collapsecheck.cli.finishing import dashboards, gate_report, verdict_thresholds
 from collapsecheck.cli.options import (
     Baseline,
@@ -76,26 +75,18 @@ def scan(
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     if is_served(checkpoint):
-        refused = {
-            "--rollouts": rollouts is not None, "--baseline": baseline is not None,
-            "--train-log": train_log is not None, "--shard": shard is not None,
-            "--ray": ray is not None, "--tensorboard": tensorboard is not None,
-            "--wandb": wandb is not None, "--dry-run": dry_run, "--out": outputs.out is not None,
-            "--env": env_settings.env is not None,
-        }  # fmt: skip
-        from collapsecheck.runs.served import ServedScan
-
-        served = ServedScan(checkpoint, prompts, settings, outputs)
-        scan_served_command(served, refused, gate_settings, verbose)
-        return
+        refused = flags_given(rollouts=rollouts, baseline=baseline, train_log=train_log,
+                              shard=shard, ray=ray, tensorboard=tensorboard, wandb=wandb,
+                              dry_run=dry_run, out=outputs.out, env=env_settings.env)  # fmt: skip
+        return scan_served_command(checkpoint, prompts, settings, outputs, refused, gate_settings,
+                                   verbose)  # fmt: skip
     with user_errors():
         gate = gate_settings.load()
         boards = dashboards(tensorboard, wandb, Path(checkpoint), outputs.out)
         request = ScanRequest(
-            Path(checkpoint), settings, outputs,
-            verdict_thresholds(gate), prompts, rollouts, sample, baseline,
-            False if no_train_log else (train_log or True), parse_train_keys(train_key or []),
-            shard, ray, dry_run, rescan, env_settings,
+            Path(checkpoint), settings, outputs, verdict_thresholds(gate), prompts, rollouts,
+            sample, baseline, False if no_train_log else (train_log or True),
+            parse_train_keys(train_key or []), shard, ray, dry_run, rescan, env_settings,
         )  # fmt: skip
         with progress_bars(stderr) as progress:
             outcome = carry_out(request, say, progress)
@@ -103,9 +94,8 @@ def scan(
             stdout.print(outcome.planned.plan.line(), markup=False, highlight=False, soft_wrap=True)
         if outcome.report is None:
             return
-        kept = write_prompt_outputs(
-            outcome.last_report, outputs, outcome.planned.prompt_file, request.settings
-        )
+        kept = write_prompt_outputs(outcome.last_report, outputs, outcome.planned.prompt_file,
+                                    request.settings)  # fmt: skip
         if kept:
             say(kept)
         for board in boards:
@@ -115,14 +105,16 @@ def scan(
 
 
 def scan_served_command(
-    request: Any, refused: dict[str, bool], gate_settings: GateSettings, verbose: bool
-) -> None:
+    url: str, prompts: Path | None, settings: Settings, outputs: OutputSettings,
+    refused: dict[str, bool], gate_settings: GateSettings, verbose: bool,
+) -> None:  # fmt: skip
     """`scan URL`: the served policy scanned (`runs.served`), written, printed and gated as
     one checkpoint's scan is."""
     from collapsecheck.reports.outputs import check_outputs, write_prompt_outputs
     from collapsecheck.reports.progress_display import progress_bars
-    from collapsecheck.runs.served import require_servable, scan_served
+    from collapsecheck.runs.served import ServedScan, require_servable, scan_served
 
+    request = ServedScan(url, prompts, settings, outputs)
     with user_errors():
         gate = gate_settings.load()
         require_servable(request, refused)

@@ -67,15 +67,10 @@ def score(
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     with user_errors():
         gate = gate_settings.load()
-        if (checkpoint is None) == (server is None):
-            raise CollapsecheckError(
-                "score needs the policy that produced the rollouts: --checkpoint DIR or "
-                "--server URL, one of them"
-            )
+        require_one_policy(checkpoint, server)
         check_outputs(outputs)  # before the work's imports (docs/decisions.md, "Start-up")
         from collapsecheck.inputs.rollouts import RolloutOptions
-        from collapsecheck.runs.executors import run_here
-        from collapsecheck.runs.plan import plan_rollout_file, read_rollouts_checked
+        from collapsecheck.runs.plan import read_rollouts_checked
         from collapsecheck.runs.served import score_served
 
         options = RolloutOptions(
@@ -87,22 +82,41 @@ def score(
             check_keep_rollout_prompts(outputs.keep_prompts, rollouts, parsed, prompts)
         with progress_bars(stderr) as progress:
             if server is not None:
-                report = score_served(
-                    server, rollouts, settings, options, prompts, outputs.dump, parsed, say,
-                    progress,
-                )  # fmt: skip
+                report = score_served(server, rollouts, settings, options, prompts,
+                                      outputs.dump, parsed, say, progress)  # fmt: skip
             else:
-                plan = plan_rollout_file(
-                    checkpoint_row(checkpoint, load), rollouts, options, settings,
-                    training_prompts=prompts, dump=outputs.dump, parsed=parsed,
-                )  # fmt: skip
-                (report,) = run_here(plan, verdict_thresholds(gate), progress, labelled=False)
+                report = scored_under(checkpoint, rollouts, settings, options, prompts,
+                                      outputs.dump, parsed, gate, progress)  # fmt: skip
         for note in score_notes(report):
             say(note)
         kept = write_prompt_outputs(report, outputs, None, settings)
         if kept:
             say(kept)
     gate_single_report(report, gate, f"{rollouts} under {checkpoint or server}", outputs, verbose)
+
+
+def require_one_policy(checkpoint: Path | None, server: str | None) -> None:
+    if (checkpoint is None) == (server is None):
+        raise CollapsecheckError(
+            "score needs the policy that produced the rollouts: --checkpoint DIR or --server "
+            "URL, one of them"
+        )
+
+
+def scored_under(
+    checkpoint: Path, rollouts: Path, settings: Settings, options: Any, prompts: Path | None,
+    dump: Path | None, parsed: Any, gate: Any, progress: Any,
+) -> Any:  # fmt: skip
+    """The rollouts scored under the checkpoint, as a plan of one unit (the results cache)."""
+    from collapsecheck.runs.executors import run_here
+    from collapsecheck.runs.plan import plan_rollout_file
+
+    plan = plan_rollout_file(
+        checkpoint_row(checkpoint, settings.load), rollouts, options, settings,
+        training_prompts=prompts, dump=dump, parsed=parsed,
+    )  # fmt: skip
+    (report,) = run_here(plan, verdict_thresholds(gate), progress, labelled=False)
+    return report
 
 
 def checkpoint_row(path: Path, load: LoadSettings) -> Any:

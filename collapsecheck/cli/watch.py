@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from collapsecheck.cli.app import app, say, stderr, stdout, user_errors
+from collapsecheck.cli.app import app, flags_given, say, stderr, stdout, user_errors
 from collapsecheck.cli.finishing import dashboards, verdict_thresholds
 from collapsecheck.cli.options import (
     Baseline,
@@ -25,6 +25,7 @@ from collapsecheck.cli.options import (
 )
 from collapsecheck.cli.settings_options import takes_settings
 from collapsecheck.config import GateSettings
+from collapsecheck.engines.backends.served_api import is_served
 from collapsecheck.errors import CollapsecheckError
 from collapsecheck.settings import (
     AnalysisSettings,
@@ -65,19 +66,14 @@ def watch(
     wandb: WandbRun = None,
     verbose: Verbose = False,
 ) -> None:
-    """Follow a run that is still training: diagnose each checkpoint as soon as its trainer
-    has written it whole, into the console, the results cache, --html and the dashboard."""
-    from collapsecheck.engines.backends.served_api import is_served
+    """Follow a training run (or a served policy, --every): diagnose each checkpoint as it lands."""
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.reports.progress_display import progress_bars
 
     settings = Settings(load, sampling, rendering, scoring, analysis, rewards)
     if is_served(run_dir) or every is not None:
-        refused = {
-            "--rollouts": rollouts is not None, "--baseline": baseline is not None,
-            "--train-log": train_log is not None, "--out": outputs.out is not None,
-            "--env": env_settings.env is not None,
-        }  # fmt: skip
+        refused = flags_given(rollouts=rollouts, baseline=baseline, train_log=train_log,
+                              out=outputs.out, env=env_settings.env)  # fmt: skip
         code = watch_served(run_dir, every, prompts, settings, outputs, following, gate_settings,
                             refused, tensorboard, wandb, verbose)  # fmt: skip
         raise typer.Exit(code)
@@ -87,16 +83,15 @@ def watch(
         check_outputs(outputs)  # before the work's imports (docs/decisions.md, "Start-up")
         from collapsecheck.runs.watch import Watch
 
-        traces, settings = watched_traces(
-            run_dir, settings, env_settings, prompts, rollouts, baseline
-        )
+        traces, settings = watched_traces(run_dir, settings, env_settings, prompts, rollouts,
+                                          baseline)  # fmt: skip
         boards = dashboards(tensorboard, wandb, run_dir, outputs.out)
         after_step = step_outputs(run_dir, outputs, boards)
         with progress_bars(stderr) as progress:
             watcher = Watch(
-                run_dir, traces, settings,
-                following, gate, verdict_thresholds(gate), outputs.out, say, progress,
-                after_step, training_log=False if no_train_log else (train_log or True),
+                run_dir, traces, settings, following, gate, verdict_thresholds(gate),
+                outputs.out, say, progress, after_step,
+                training_log=False if no_train_log else (train_log or True),
                 train_keys=parse_train_keys(train_key or []),
                 baseline=start_policy(baseline, load),
             )  # fmt: skip
@@ -117,7 +112,6 @@ def watch_served(
 ) -> int:  # fmt: skip
     """`watch URL --every DURATION`: the served policy diagnosed each interval
     (`runs.served_watch`), each diagnosis written as a run's step is; the exit code."""
-    from collapsecheck.engines.backends.served_api import is_served
     from collapsecheck.reports.outputs import check_outputs
     from collapsecheck.reports.progress_display import progress_bars
 

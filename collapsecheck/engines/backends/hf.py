@@ -391,12 +391,7 @@ class TransformersBackend(TransformersScoring):
         steps: list[torch.Tensor] = []
         for step in range(1, params.max_new_tokens + 1):
             finite &= sampleable(logits)
-            if grammars is not None:
-                logits = grammars.limited(logits, rows)
-            tokens = self._next_tokens(logits, params, uniforms[step - 1, rows])
-            tokens = torch.where(ended, torch.full_like(tokens, self.pad_id), tokens)
-            if grammars is not None:
-                grammars.drew(tokens, rows)
+            tokens = self._drawn(logits, params, uniforms[step - 1, rows], ended, rows, grammars)
             steps.append(torch.full((total,), self.pad_id, device=self.device).index_put(
                 (rows,), tokens))  # fmt: skip
             ended |= torch.isin(tokens, stops)
@@ -422,6 +417,20 @@ class TransformersBackend(TransformersScoring):
             cache, logits = returned_cache(out), out.logits[:, -1, :]
         decoded = torch.stack(steps, dim=1).tolist()
         return [self._split_samples(decoded[i * k : (i + 1) * k]) for i in range(len(seeds))]
+
+    def _drawn(
+        self, logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
+        ended: torch.Tensor, rows: torch.Tensor, grammars: RowGrammars | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """The decoded rows' next tokens, each drawn from its uniform (under its grammar where
+        the samples are constrained), padding where a row has ended."""
+        if grammars is not None:
+            logits = grammars.limited(logits, rows)
+        tokens = self._next_tokens(logits, params, uniforms)
+        tokens = torch.where(ended, torch.full_like(tokens, self.pad_id), tokens)
+        if grammars is not None:
+            grammars.drew(tokens, rows)
+        return tokens
 
     def constrained_rows(
         self, params: SamplingParams, rows: int, vocab_size: int

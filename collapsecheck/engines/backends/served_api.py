@@ -7,7 +7,6 @@ naming the URL and what the server said."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +110,8 @@ class PolicyServer:
         """`/v1/completions` for each body, IN_FLIGHT at a time, the answers in the bodies'
         order; `done(i)` as body i is answered."""
 
+        import asyncio
+
         async def all_of() -> list[Any]:
             gate = asyncio.Semaphore(IN_FLIGHT)
             async with self.client() as client:
@@ -130,6 +131,8 @@ class PolicyServer:
     ) -> Any:  # fmt: skip
         """One request, its JSON answer (None: a 404 where `missing_ok`)."""
 
+        import asyncio
+
         async def once() -> Any:
             async with self.client() as client:
                 return await self.send(client, method, url, body, missing_ok)
@@ -145,6 +148,8 @@ class PolicyServer:
         self, client: Any, method: str, url: str, body: Any, missing_ok: bool = False
     ) -> Any:  # fmt: skip
         """A request's JSON answer, retried through transient faults (RETRY_DELAYS_S)."""
+        import asyncio
+
         import httpx
 
         for delay in (*RETRY_DELAYS_S, None):

@@ -196,3 +196,12 @@ def test_a_weight_version_the_server_states_is_read_and_its_change_caught(tmp_pa
     (changed,) = [s for s in said if "the served weights changed during the scan" in s]
     assert "-> version step-7, canary digest" in changed
     assert "weights version step-7, canary digest" in report.settings["checkpoint_note"]
+
+
+def test_a_window_too_small_for_prompt_and_trace_is_one_line(server, tmp_path):
+    """The server's window (`max_model_len`, 1024 here) leaves no room for the asked trace:
+    one line naming the prompt, exit 2, nothing written."""
+    args = ("-p", PROMPTS, "-n", "4", "-k", "2", "--max-new-tokens", "2000")
+    done = collapsecheck("scan", server.url, *args, "--json", tmp_path / "r.json")
+    assert done.returncode == 2 and "of the model's 1024-token context" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "r.json").exists()

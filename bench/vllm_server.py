@@ -31,7 +31,10 @@ class VLLMServer:
         self.url = f"http://127.0.0.1:{port}/v1"
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                    str(checkpoint), "--dtype", "float32", "--host", "127.0.0.1", "--port",
-                   str(port), "--served-model-name", "policy", *extra]  # fmt: skip
+                   str(port), "--served-model-name", "policy",
+                   # vLLM's CPU build crashes a seeded request whose prefill is split over steps
+                   # ("CPU Generator does not use offset"); GPU servers keep chunked prefill
+                   "--no-enable-chunked-prefill", *extra]  # fmt: skip
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
         if dev_mode:  # vLLM's RL routes: /weight_info, /update_weight_version
             env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -99,19 +99,22 @@ def watched(url: str, work: Callable[[Backend], Report], say: Callable[[str], No
     from collapsecheck.engines.backends.served import ServedBackend
 
     backend = ServedBackend(url)
-    before = backend.weights()
-    for _ in range(SCANS):
-        backend.policy_note = policy_note(backend, before)
-        report = work(backend)
-        after = backend.weights()
-        if after == before:
-            if backend.server.retries:
-                say(f"note: {url}: {backend.server.retries} request(s) retried through "
-                    "transient faults (a server restarting, say)")  # fmt: skip
-            return report
-        say(f"note: {url}: the served weights changed during the scan ({before} -> {after}): "
-            "scanning again, samples included")  # fmt: skip
-        before = after
+    try:
+        before = backend.weights()
+        for _ in range(SCANS):
+            backend.policy_note = policy_note(backend, before)
+            report = work(backend)
+            after = backend.weights()
+            if after == before:
+                if backend.server.retries:
+                    say(f"note: {url}: {backend.server.retries} request(s) retried through "
+                        "transient faults (a server restarting, say)")  # fmt: skip
+                return report
+            say(f"note: {url}: the served weights changed during the scan ({before} -> "
+                f"{after}): scanning again, samples included")  # fmt: skip
+            before = after
+    finally:
+        backend.close()
     raise CollapsecheckError(
         f"{url}: the served weights changed during each of {SCANS} scans: no diagnosis "
         "describes one policy (scan between weight updates, or scan a saved checkpoint)"

@@ -66,9 +66,15 @@ class ServedWatch:
     def follow(self) -> int:
         """A diagnosis each interval (from one's start to the next's), and each time the
         weight version the server states changes, until the watch ends; the exit code."""
-        until = self.watch.until
         server = PolicyServer(self.request.url)
-        server.discover()
+        try:
+            server.discover()
+            return self.follow_with(server)
+        finally:
+            server.close()
+
+    def follow_with(self, server: PolicyServer) -> int:
+        until = self.watch.until
         while True:
             started = time.monotonic()
             code = self.diagnose()

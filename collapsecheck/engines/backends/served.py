@@ -174,7 +174,8 @@ class ServedBackend:
         return hashlib.sha256(rounded.astype(np.float64).tobytes()).hexdigest()[:16]
 
     def close(self) -> None:
-        """Nothing to give back: the server is the job's."""
+        """The connections closed; the server is the job's."""
+        self.server.close()
 
 
 def require_untempered(temperature: float) -> None:

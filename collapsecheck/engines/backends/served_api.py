@@ -56,6 +56,8 @@ class PolicyServer:
         # transient faults are retried once the server has answered: one unreachable from the
         # start is one line within seconds
         self.retrying = False
+        self.loop: Any = None  # an event loop and a client of its own, made at the first call
+        self.client: Any = None
 
     def discover(self) -> ServerInfo:
         """The model the server serves and which server it is (vLLM's `/version`); a server
@@ -109,52 +111,56 @@ class PolicyServer:
     ) -> list[Any]:  # fmt: skip
         """`/v1/completions` for each body, IN_FLIGHT at a time, the answers in the bodies'
         order; `done(i)` as body i is answered."""
-
         import asyncio
 
         async def all_of() -> list[Any]:
             gate = asyncio.Semaphore(IN_FLIGHT)
-            async with self.client() as client:
 
-                async def one(index: int, body: dict[str, Any]) -> Any:
-                    async with gate:
-                        answer = await self.send(client, "POST", f"{self.url}/completions", body)
-                    done(index)
-                    return answer
+            async def one(index: int, body: dict[str, Any]) -> Any:
+                async with gate:
+                    answer = await self.send("POST", f"{self.url}/completions", body)
+                done(index)
+                return answer
 
-                return await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
+            return await asyncio.gather(*(one(i, b) for i, b in enumerate(bodies)))
 
-        return asyncio.run(all_of())
+        return self.run(all_of())
 
     def call(
         self, method: str, url: str, body: dict[str, Any] | None = None, missing_ok: bool = False
     ) -> Any:  # fmt: skip
         """One request, its JSON answer (None: a 404 where `missing_ok`)."""
+        return self.run(self.send(method, url, body, missing_ok))
 
+    def run(self, work: Any) -> Any:
+        """`work` (a coroutine) run on this server's own event loop, whose one client keeps
+        its connections open from call to call."""
         import asyncio
 
-        async def once() -> Any:
-            async with self.client() as client:
-                return await self.send(client, method, url, body, missing_ok)
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop.run_until_complete(work)
 
-        return asyncio.run(once())
+    def close(self) -> None:
+        """The client's connections closed, and the loop."""
+        if self.loop is None:
+            return
+        if self.client is not None:
+            self.loop.run_until_complete(self.client.aclose())
+        self.loop.close()
+        self.loop = self.client = None
 
-    def client(self) -> Any:
-        import httpx
-
-        return httpx.AsyncClient(timeout=self.timeout)
-
-    async def send(
-        self, client: Any, method: str, url: str, body: Any, missing_ok: bool = False
-    ) -> Any:  # fmt: skip
+    async def send(self, method: str, url: str, body: Any, missing_ok: bool = False) -> Any:
         """A request's JSON answer, retried through transient faults (RETRY_DELAYS_S)."""
         import asyncio
 
         import httpx
 
+        if self.client is None:
+            self.client = httpx.AsyncClient(timeout=self.timeout)
         for delay in (*RETRY_DELAYS_S, None):
             try:
-                response = await client.request(method, url, json=body)
+                response = await self.client.request(method, url, json=body)
             except httpx.TransportError as err:
                 fault = f"cannot reach the server ({type(err).__name__}: {err})"
             else:

@@ -177,49 +177,70 @@ def test_the_endpoint_answers_from_vllm_at_each_requests_seed(engine):
     )
 
 
+CONSTRAINED = """
+import asyncio, json, sys
+from collapsecheck.engines.backends.base import SamplingParams, no_progress
+from collapsecheck.engines.backends.vllm import VLLMBackend
+from collapsecheck.inputs.checkpoint import require_checkpoint
+from collapsecheck.inputs.environments.endpoint import InProcess, Recorder, endpoint_app
+from collapsecheck.runs.serving import BackendChat
+from collapsecheck.settings import LoadSettings, SamplingSettings, Settings
+
+point = json.loads(sys.argv[2])
+engine = VLLMBackend(require_checkpoint(sys.argv[1]), LoadSettings(device="cpu", dtype="float32"))
+ids = engine.tokenizer("where is it?", add_special_tokens=False)["input_ids"]
+params = SamplingParams(k=6, max_new_tokens=64, json_schema=json.dumps(point))
+(samples,) = engine.generate([ids], params, no_progress)
+chat, recorder = BackendChat(engine, Settings(sampling=SamplingSettings(max_new_tokens=64)),
+                             "tc", "--env test"), Recorder()
+client = InProcess(endpoint_app(chat, recorder)).async_client()
+asked = {"type": "json_schema", "json_schema": {"name": "point", "schema": point}}
+reply = asyncio.run(client.chat.completions.create(
+    model="tc", messages=[{"role": "user", "content": "where is it?"}], response_format=asked))
+chat.close()
+engine.close()
+print(json.dumps({
+    "samples": [[engine.decode(s.ids), s.truncated] for s in samples],
+    "reply": [reply.choices[0].message.content, reply.choices[0].finish_reason],
+    "constrained": recorder.exchanges[0].kept.constrained,
+}))
+"""
+
+
 def test_vllm_draws_every_sample_under_a_requests_json_schema(engine, prompt_ids):
     """SPEC "Constrained replies": vLLM's own structured outputs (xgrammar) draw under the
     schema a request asks: every sample of the tool-calling agent (a byte-level vocabulary)
     that ends is JSON the schema accepts, those the limit cut begin as it does, and through
-    the endpoint `response_format` is served so. The demo checkpoint, whose vocabulary has no
+    the endpoint `response_format` is served so (in a process of its own: a second engine in
+    this one would reset the first's counters). The demo checkpoint, whose vocabulary has no
     '{', cannot write one: one line, not vLLM's empty "error" sample."""
-    import asyncio
     import json
+    import os
 
     from collapsecheck.errors import CollapsecheckError
-    from collapsecheck.inputs.environments.endpoint import InProcess, Recorder, endpoint_app
-    from collapsecheck.runs.serving import BackendChat
-    from collapsecheck.settings import SamplingSettings, Settings
 
     point = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
              "required": ["x", "y"], "additionalProperties": False}  # fmt: skip
     params = SamplingParams(k=6, max_new_tokens=64, json_schema=json.dumps(point))
     with pytest.raises(CollapsecheckError, match="cannot be written in the checkpoint's vocab"):
         engine.generate(prompt_ids[:1], params, no_progress)
-    tool_caller = VLLMBackend(require_checkpoint(EXAMPLES / "agents" / "tool-caller"),
-                              LoadSettings(device="cpu", dtype="float32"))  # fmt: skip
-    try:
-        ids = tool_caller.tokenizer("where is it?", add_special_tokens=False)["input_ids"]
-        (samples,) = tool_caller.generate([ids], params, no_progress)
-        texts = [tool_caller.decode(s.ids) for s in samples]
-        ended = [json.loads(t) for t, s in zip(texts, samples, strict=True) if not s.truncated]
-        assert ended, "no constrained sample ended within 64 tokens"
-        assert all(set(v) == {"x", "y"} and all(isinstance(n, int) for n in v.values())
-                   for v in ended)  # fmt: skip
-        assert all(t.lstrip().startswith("{") for t in texts)
-        settings = Settings(sampling=SamplingSettings(max_new_tokens=64))
-        chat, recorder = BackendChat(tool_caller, settings, "tc", "--env test"), Recorder()
-        client = InProcess(endpoint_app(chat, recorder)).async_client()
-        asked = {"type": "json_schema", "json_schema": {"name": "point", "schema": point}}
-        reply = asyncio.run(client.chat.completions.create(
-            model="tc", messages=[{"role": "user", "content": "where is it?"}],
-            response_format=asked))  # fmt: skip
-        chat.close()
-    finally:
-        tool_caller.close()
-    assert recorder.exchanges[0].kept.constrained == "response_format json_schema"
-    if reply.choices[0].finish_reason == "stop":
-        assert set(json.loads(reply.choices[0].message.content)) == {"x", "y"}
+    tool_caller = EXAMPLES / "agents" / "tool-caller"
+    done = subprocess.run(
+        [sys.executable, "-c", CONSTRAINED, str(tool_caller), json.dumps(point)],
+        capture_output=True, text=True, timeout=600, cwd=EXAMPLES.parent,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    drawn = json.loads(done.stdout.strip().splitlines()[-1])
+    ended = [json.loads(text) for text, truncated in drawn["samples"] if not truncated]
+    assert ended, "no constrained sample ended within 64 tokens"
+    assert all(set(v) == {"x", "y"} and all(isinstance(n, int) for n in v.values())
+               for v in ended)  # fmt: skip
+    assert all(text.lstrip().startswith("{") for text, _ in drawn["samples"])
+    assert drawn["constrained"] == "response_format json_schema"
+    content, finish = drawn["reply"]
+    if finish == "stop":
+        assert set(json.loads(content)) == {"x", "y"}
 
 
 def test_a_played_scans_episodes_share_their_context_through_the_prefix_cache(engine, tmp_path):

@@ -110,21 +110,35 @@ def write_jsonl_atomic(path: Path, rows: Iterable[dict[str, Any]]) -> Path:
     return write_text_atomic(path, text)
 
 
+PROBES = 5  # tries where another process (a shard beside this one) removed its own probe's folder
+
+
 def _probe(directory: Path, what: str) -> None:
     """Create `directory` (and its parents) and a file in it, then remove both: a scan that
-    stops before writing there leaves nothing behind."""
+    stops before writing there leaves nothing behind. Processes probing the same new folder
+    at once (a run's shards sharing --out) may each remove it under the others: a folder that
+    vanished is made again, and one another process still uses is left to it."""
     made = [path for path in (directory, *directory.parents) if not path.exists()]
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(dir=directory, prefix=".collapsecheck-probe.")
-        os.close(handle)
-        os.unlink(probe)
-        for path in made:  # the deepest first
+    for attempt in range(PROBES):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            handle, probe = tempfile.mkstemp(dir=directory, prefix=".collapsecheck-probe.")
+        except (FileNotFoundError, FileExistsError):  # a folder on its path came and went
+            if attempt + 1 < PROBES:
+                continue
+            raise CollapsecheckError(
+                f"{what}: cannot write there (removed as it was made)"
+            ) from None
+        except OSError as err:
+            blocking = next((p for p in (directory, *directory.parents) if p.is_file()), None)
+            reason = f"{blocking} is a file" if blocking is not None else err.strerror or err
+            raise CollapsecheckError(f"{what}: cannot write there ({reason})") from None
+        break
+    os.close(handle)
+    os.unlink(probe)
+    for path in made:  # the deepest first
+        with suppress(OSError):  # another process's probe is in it, or it is gone
             path.rmdir()
-    except OSError as err:
-        blocking = next((p for p in (directory, *directory.parents) if p.is_file()), None)
-        reason = f"{blocking} is a file" if blocking is not None else err.strerror or err
-        raise CollapsecheckError(f"{what}: cannot write there ({reason})") from None
 
 
 def writable(directory: Path) -> bool:

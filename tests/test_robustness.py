@@ -202,3 +202,22 @@ def test_the_report_holds_no_environment_secret(tmp_path, monkeypatch):
         if path.suffix in (".json", ".jsonl"):
             text = path.read_text()
             assert "secret_value" not in text
+
+
+def _probe_many(root: str) -> int:
+    from pathlib import Path
+
+    from collapsecheck.files import writable
+
+    return sum(writable(Path(root) / f"step{n}" / "cache") for n in range(60))
+
+
+def test_shards_probing_the_same_new_folder_at_once_all_may_write(tmp_path):
+    """A run's shards (here four real processes) probe the same --out folder at once: each
+    one's probe removes the folder it made, under the others; none is told it cannot write
+    (make test-cluster's Slurm array met this)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(4) as pool:
+        counts = list(pool.map(_probe_many, [str(tmp_path)] * 4))
+    assert counts == [60] * 4

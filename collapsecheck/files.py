@@ -123,14 +123,12 @@ def _probe(directory: Path, what: str) -> None:
         try:
             directory.mkdir(parents=True, exist_ok=True)
             handle, probe = tempfile.mkstemp(dir=directory, prefix=".collapsecheck-probe.")
-        except (FileNotFoundError, FileExistsError):  # a folder on its path came and went
-            if attempt + 1 < PROBES:
-                continue
-            raise CollapsecheckError(
-                f"{what}: cannot write there (removed as it was made)"
-            ) from None
         except OSError as err:
             blocking = next((p for p in (directory, *directory.parents) if p.is_file()), None)
+            # a folder on its path that came and went (another process's probe): try again
+            vanished = isinstance(err, FileNotFoundError | FileExistsError) and blocking is None
+            if vanished and attempt + 1 < PROBES:
+                continue
             reason = f"{blocking} is a file" if blocking is not None else err.strerror or err
             raise CollapsecheckError(f"{what}: cannot write there ({reason})") from None
         break

@@ -205,3 +205,19 @@ def test_a_window_too_small_for_prompt_and_trace_is_one_line(server, tmp_path):
     done = collapsecheck("scan", server.url, *args, "--json", tmp_path / "r.json")
     assert done.returncode == 2 and "of the model's 1024-token context" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "r.json").exists()
+
+
+def test_a_server_started_with_max_logprobs_0_still_scores():
+    """`--max-logprobs 0` limits the top alternatives a server returns; `prompt_logprobs: 0`
+    (each position's own token, all collapsecheck reads) stays within it: the served scores
+    are read as from any server."""
+    server = VLLMServer(HEALTHY, free_port(), "--max-logprobs", "0")
+    try:
+        backend = ServedBackend(server.url)
+        ids = backend.tokenizer("agent 1,2 goal 4,4")["input_ids"]
+        scored = backend.loglikelihood_per_token([ScoreRequest(tuple(ids[:3]), tuple(ids[3:]))],
+                                                 no_progress)  # fmt: skip
+        backend.close()
+    finally:
+        server.stop()
+    assert len(scored.of_request(0)) == len(ids) - 3 and np.isfinite(scored.sums).all()

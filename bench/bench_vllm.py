@@ -28,10 +28,10 @@ TOKENIZER = ROOT / "examples" / "demo-run" / "global_step_100"
 MARKER = "## vLLM scoring against the transformers scorer"
 
 
-def main() -> None:
-    import bench_scoring
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cpu_shape_arguments(description: str) -> argparse.Namespace:
+    """The benchmark's model and request shape (bench/bench_scoring.py's Qwen2 shape) as
+    options, on CPU in float32, with --write."""
+    parser = argparse.ArgumentParser(description=description)
     sizes = {"hidden": 384, "layers": 6, "heads": 6, "kv-heads": 2, "intermediate": 1024,
              "vocab": 32000, "prompt-tokens": 256, "system-tokens": 64,
              "reasoning-tokens": 64, "n": 8, "k": 4}  # fmt: skip
@@ -40,6 +40,13 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     args.device, args.dtype = "cpu", "float32"
+    return args
+
+
+def main() -> None:
+    import bench_scoring
+
+    args = cpu_shape_arguments(__doc__.splitlines()[0])
     model = bench_scoring.build_model(args)
     requests, _ = bench_scoring.build_requests(args)
     with tempfile.TemporaryDirectory() as scratch:

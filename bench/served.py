@@ -104,15 +104,9 @@ def row(what: str, pairs: int, local_s: float, served_s: float, start_s: float, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sizes = {"hidden": 384, "layers": 6, "heads": 6, "kv-heads": 2, "intermediate": 1024,
-             "vocab": 32000, "prompt-tokens": 256, "system-tokens": 64,
-             "reasoning-tokens": 64, "n": 8, "k": 4}  # fmt: skip
-    for name, default in sizes.items():
-        parser.add_argument(f"--{name}", type=int, default=default)
-    parser.add_argument("--write", action="store_true")
-    args = parser.parse_args()
-    args.device, args.dtype = "cpu", "float32"
+    from bench_vllm import cpu_shape_arguments
+
+    args = cpu_shape_arguments(__doc__.splitlines()[0])
     rows = [demo_row(16, 8), bench_row(args)]
     print("\n".join(rows))
     if args.write:

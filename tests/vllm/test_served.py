@@ -26,7 +26,11 @@ SCAN = ("-p", PROMPTS, "-n", "8", "-k", "4", "--max-new-tokens", "48", "--fail-o
 
 @pytest.fixture(scope="module")
 def server():
-    served = VLLMServer(HEALTHY, free_port())
+    """The healthy demo checkpoint served as an RL job's vLLM may be: in its RL mode
+    (VLLM_SERVER_DEV_MODE=1: `/weight_info`, `/update_weight_version`) and with
+    `--max-logprobs 0` (no top alternatives; `prompt_logprobs: 0`, each position's own token,
+    is all collapsecheck reads, so every test here also shows it scores there)."""
+    served = VLLMServer(HEALTHY, free_port(), "--max-logprobs", "0", dev_mode=True)
     yield served
     served.stop()
 
@@ -167,15 +171,13 @@ def test_weights_swapped_under_a_scan_are_caught(tmp_path):
     assert report.verdict.regime != "grounded"  # the collapsed checkpoint's, scanned again
 
 
-def test_a_weight_version_the_server_states_is_read_and_its_change_caught(tmp_path):
-    """vLLM's server in its RL mode (VLLM_SERVER_DEV_MODE=1) states its weights' version
-    (`GET /weight_info`), set by the trainer (`POST /update_weight_version`): a version set
-    while the scan scores is a change, the scan is done again, and the report names the version
-    it describes."""
+def test_a_weight_version_the_server_states_is_read_and_its_change_caught(server):
+    """vLLM's server in its RL mode states its weights' version (`GET /weight_info`), set by
+    the trainer (`POST /update_weight_version`): a version set while the scan scores is a
+    change, the scan is done again, and the report names the version it describes."""
     from collapsecheck.runs.served import ServedScan, scan_served
     from collapsecheck.settings import OutputSettings, SamplingSettings, Settings
 
-    server = VLLMServer(HEALTHY, free_port(), dev_mode=True)
     root = server.url.removesuffix("/v1")
     set_version: list[int] = []
 
@@ -187,11 +189,8 @@ def test_a_weight_version_the_server_states_is_read_and_its_change_caught(tmp_pa
 
     said: list[str] = []
     settings = Settings(sampling=SamplingSettings(k=2, num_prompts=4, max_new_tokens=32))
-    try:
-        report = scan_served(ServedScan(server.url, PROMPTS, settings, OutputSettings()),
-                             said.append, progress)  # fmt: skip
-    finally:
-        server.stop()
+    report = scan_served(ServedScan(server.url, PROMPTS, settings, OutputSettings()),
+                         said.append, progress)  # fmt: skip
     assert set_version == [200]
     (changed,) = [s for s in said if "the served weights changed during the scan" in s]
     assert "-> version step-7, canary digest" in changed
@@ -205,19 +204,3 @@ def test_a_window_too_small_for_prompt_and_trace_is_one_line(server, tmp_path):
     done = collapsecheck("scan", server.url, *args, "--json", tmp_path / "r.json")
     assert done.returncode == 2 and "of the model's 1024-token context" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "r.json").exists()
-
-
-def test_a_server_started_with_max_logprobs_0_still_scores():
-    """`--max-logprobs 0` limits the top alternatives a server returns; `prompt_logprobs: 0`
-    (each position's own token, all collapsecheck reads) stays within it: the served scores
-    are read as from any server."""
-    server = VLLMServer(HEALTHY, free_port(), "--max-logprobs", "0")
-    try:
-        backend = ServedBackend(server.url)
-        ids = backend.tokenizer("agent 1,2 goal 4,4")["input_ids"]
-        scored = backend.loglikelihood_per_token([ScoreRequest(tuple(ids[:3]), tuple(ids[3:]))],
-                                                 no_progress)  # fmt: skip
-        backend.close()
-    finally:
-        server.stop()
-    assert len(scored.of_request(0)) == len(ids) - 3 and np.isfinite(scored.sums).all()

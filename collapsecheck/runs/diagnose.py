@@ -624,9 +624,10 @@ def require_tempered_scorer(settings: Settings, temperature: float) -> None:
     """vLLM's prompt log-probabilities are the raw model's: refused at another temperature,
     before any model loads."""
     if settings.load.scorer == "vllm":
-        from collapsecheck.engines.backends.vllm import require_untempered
+        from collapsecheck.engines.backends.base import require_untempered
+        from collapsecheck.engines.backends.vllm import UNTEMPERED
 
-        require_untempered(temperature)
+        require_untempered(temperature, *UNTEMPERED)
 
 
 def require_decoded_inputs(

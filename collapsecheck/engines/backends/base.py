@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from collapsecheck.errors import CollapsecheckError
 from collapsecheck.inputs.samples import Sample, decode_ids
 from collapsecheck.progress import Progress, no_progress
 
@@ -175,6 +176,28 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release the model and its engine (worker processes, device memory)."""
         ...
+
+
+class SumsOfTokens:
+    """`loglikelihood` as the sums of `loglikelihood_per_token`, for a backend whose
+    per-token pass costs what its sums alone would (vLLM's prompt log-probabilities, a
+    server's, a caller's function)."""
+
+    def loglikelihood(
+        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
+    ) -> np.ndarray:
+        return self.loglikelihood_per_token(requests, progress, temperature).sums  # type: ignore[attr-defined]
+
+
+def require_untempered(temperature: float, scorer: str, remedy: str) -> None:
+    """A scorer that reads prompt log-probabilities, which are the raw model's whatever the
+    temperature (vLLM's, in process or served): another temperature is refused, never read
+    wrong."""
+    if temperature != 1:
+        raise CollapsecheckError(
+            f"{scorer} reads the policy at temperature 1 only (its prompt log-probabilities "
+            f"ignore temperature), but these traces were sampled at {temperature:g}: {remedy}"
+        )
 
 
 def stop_token_ids(*sources: int | Iterable[int] | None) -> list[int]:

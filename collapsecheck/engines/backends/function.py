@@ -16,6 +16,7 @@ from collapsecheck.engines.backends.base import (
     Sample,
     SamplingParams,
     ScoreRequest,
+    SumsOfTokens,
     TokenLogProbs,
     decode_ids,
 )
@@ -63,7 +64,7 @@ def per_pair_tokens(returned: Any, continuations: list[list[int]]) -> np.ndarray
     return tokens
 
 
-class FunctionBackend:
+class FunctionBackend(SumsOfTokens):
     """Scores with `loglikelihood`, decodes with `tokenizer`; `call_size` pairs per call."""
 
     name = "function"
@@ -85,11 +86,6 @@ class FunctionBackend:
         offset: int = 0, seeds: Sequence[int] | None = None,
     ) -> list[list[Sample]]:  # fmt: skip
         raise CollapsecheckError("the caller's log-likelihood function scores; it cannot sample")
-
-    def loglikelihood(
-        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
-    ) -> np.ndarray:
-        return self.loglikelihood_per_token(requests, progress, temperature).sums
 
     def loglikelihood_per_token(
         self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0

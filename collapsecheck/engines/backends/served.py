@@ -22,9 +22,11 @@ from collapsecheck.engines.backends.base import (
     Sample,
     SamplingParams,
     ScoreRequest,
+    SumsOfTokens,
     TokenLogProbs,
     decode_ids,
     prompt_seed,
+    require_untempered,
 )
 from collapsecheck.engines.backends.served_api import PolicyServer, ServerInfo
 from collapsecheck.errors import CollapsecheckError
@@ -84,7 +86,7 @@ class ServedTokenizer:
         return self.decoded[key]
 
 
-class ServedBackend:
+class ServedBackend(SumsOfTokens):
     """Backend over a served policy: `url` is the server's (up to /v1, or host:port)."""
 
     name = "served"
@@ -133,17 +135,16 @@ class ServedBackend:
             body["structured_outputs"] = {"json": params.json_schema}
         return body
 
-    def loglikelihood(
-        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
-    ) -> np.ndarray:
-        return self.loglikelihood_per_token(requests, progress, temperature).sums
-
     def loglikelihood_per_token(
         self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
     ) -> TokenLogProbs:
         """Each scored token's prompt log-probability, read by its own id from the entry the
         server returns for its position, SCORED_PER_REQUEST prompts a request."""
-        require_untempered(temperature)
+        require_untempered(
+            temperature,
+            "a served policy's scorer",
+            "sample at --temperature 1, or scan the checkpoint's files",
+        )
         rows = [[*r.context, *r.continuation] for r in requests]
         chunks = [range(i, min(i + SCORED_PER_REQUEST, len(rows)))
                   for i in range(0, len(rows), SCORED_PER_REQUEST)]  # fmt: skip
@@ -176,17 +177,6 @@ class ServedBackend:
     def close(self) -> None:
         """The connections closed; the server is the job's."""
         self.server.close()
-
-
-def require_untempered(temperature: float) -> None:
-    """A server's prompt log-probabilities are the raw model's: another temperature is
-    refused (SPEC "The policy where it is served")."""
-    if temperature != 1:
-        raise CollapsecheckError(
-            f"a served policy is scored at temperature 1 only (the server's prompt "
-            f"log-probabilities ignore temperature), not {temperature:g}: sample at "
-            "--temperature 1, or scan the checkpoint's files"
-        )
 
 
 def position_logprob(entry: Sequence[Any], row: Sequence[int], position: int) -> float:

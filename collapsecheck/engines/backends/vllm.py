@@ -21,9 +21,11 @@ from collapsecheck.engines.backends.base import (
     Sample,
     SamplingParams,
     ScoreRequest,
+    SumsOfTokens,
     TokenLogProbs,
     decode_ids,
     prompt_seed,
+    require_untempered,
     stop_token_ids,
 )
 from collapsecheck.engines.backends.grammar import UNWRITABLE
@@ -66,17 +68,11 @@ def engine_device(device: str) -> str:
     return resolved
 
 
-def require_untempered(temperature: float) -> None:
-    """vLLM's prompt log-probabilities are the raw model's: another temperature is refused."""
-    if temperature != 1:
-        raise CollapsecheckError(
-            f"--scorer vllm reads the policy at temperature 1 only (vLLM's prompt "
-            f"log-probabilities ignore temperature), but these traces were sampled at "
-            f"{temperature:g}: use --scorer cached (transformers)"
-        )
+# vLLM's prompt log-probabilities are the raw model's: `require_untempered`'s words for it
+UNTEMPERED = ("--scorer vllm", "use --scorer cached (transformers)")
 
 
-class VLLMBackend:
+class VLLMBackend(SumsOfTokens):
     """Backend over a `vllm.LLM` engine loaded from a Hugging Face checkpoint directory."""
 
     name = "vllm"
@@ -197,22 +193,16 @@ class VLLMBackend:
             ids = ids[:-1]
         return Sample(tuple(ids), truncated=completion.finish_reason == "length")
 
-    def loglikelihood(
-        self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
-    ) -> np.ndarray:
-        """Prompt log-probabilities of [context | continuation], summed over the scored part.
-        vLLM's prompt log-probabilities are the raw model's (temperature 1, whatever
-        `logprobs_mode` says): another temperature is refused, not read wrong."""
-        return self.loglikelihood_per_token(requests, progress, temperature).sums
-
     def loglikelihood_per_token(
         self, requests: Sequence[ScoreRequest], progress: Progress, temperature: float = 1.0
     ) -> TokenLogProbs:
-        """Each scored token's prompt log-probability, and their sums (as `loglikelihood`)."""
+        """Each scored token's prompt log-probability of [context | continuation], and their
+        sums (`loglikelihood`). vLLM's prompt log-probabilities are the raw model's (temperature
+        1, whatever `logprobs_mode` says): another temperature is refused, not read wrong."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        require_untempered(temperature)
+        require_untempered(temperature, *UNTEMPERED)
 
         settings = VLLMSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         prompts = [TokensPrompt(prompt_token_ids=[*r.context, *r.continuation]) for r in requests]

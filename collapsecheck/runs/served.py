@@ -127,7 +127,7 @@ def policy_note(backend: Any, weights: Any) -> str:
     server is batch-invariant."""
     info = backend.info
     return (
-        f"the policy served at {info.url} ({info.model}, {info.kind} {info.version}), weights "
+        f"the policy served at {info.url} ({info.model}, vllm {info.version}), weights "
         f"{weights}, the same before sampling and after scoring; a server not launched "
         "batch-invariant (VLLM_BATCH_INVARIANT=1) does not resample these traces exactly"
     )

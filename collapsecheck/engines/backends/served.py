@@ -104,7 +104,7 @@ class ServedBackend(SumsOfTokens):
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.name, "device": self.info.url, "dtype": "the server's",
-                "scorer": f"{self.info.kind} {self.info.version} server"}  # fmt: skip
+                "scorer": f"vllm {self.info.version} server"}  # fmt: skip
 
     def decode(self, ids: Sequence[int]) -> str:
         return decode_ids(self.tokenizer, ids)

@@ -34,11 +34,10 @@ def api_base(url: str) -> str:
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """What discovery found: the server (kind and version), the model it serves, and the
-    model's window in tokens."""
+    """What discovery found: the server (vLLM's version), the model it serves, and the model's
+    window in tokens."""
 
     url: str
-    kind: str
     version: str
     model: str
     max_model_len: int | None
@@ -81,7 +80,7 @@ class PolicyServer:
         window = served.get("max_model_len")
         self.retrying = True
         said = str(version.get("version")) if version else "(its version not said)"
-        return ServerInfo(self.url, "vllm", said, self.model, int(window) if window else None)
+        return ServerInfo(self.url, said, self.model, int(window) if window else None)
 
     def weight_version(self) -> str | None:
         """The weight version vLLM's server states (`GET /weight_info`, served where it runs

@@ -150,6 +150,9 @@ def read_request(kind: str, body: Any) -> WireRequest:
                        constrained=forced or formatted, **common)  # fmt: skip
 
 
+JSON_OBJECT = "response_format json_object"  # what asked a reply that is any JSON object
+
+
 def response_format(value: Any) -> Constrained | None:
     """`response_format` as vLLM's server reads it: `text` (or none) leaves the reply free;
     `json_object` samples it under the schema {"type": "object"}; `json_schema` under its
@@ -158,7 +161,7 @@ def response_format(value: Any) -> Constrained | None:
     if kind in (None, "text"):
         return None
     if kind == "json_object":
-        return Constrained(canonical({"type": "object"}), "response_format json_object")
+        return Constrained(canonical({"type": "object"}), JSON_OBJECT)
     if kind == "json_schema":
         given = value.get("json_schema")
         schema = given.get("schema") if isinstance(given, dict) else None

@@ -14,6 +14,7 @@ from typing import Any
 
 from collapsecheck.inputs.environments.openai_wire import (
     CHAT,
+    JSON_OBJECT,
     UNSERVED,
     Unservable,
     WireReply,
@@ -218,7 +219,7 @@ def answered_format(request: WireRequest) -> dict[str, Any]:
     constrained = request.constrained
     if constrained is None or constrained.forced:
         return {"type": "text"}
-    if constrained.asked.endswith("json_object"):
+    if constrained.asked == JSON_OBJECT:
         return {"type": "json_object"}
     return {"type": "json_schema", "schema": json.loads(constrained.schema)}
 

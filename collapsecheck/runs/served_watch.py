@@ -16,7 +16,6 @@ from pathlib import Path
 from collapsecheck.config import GateConfig
 from collapsecheck.engines.backends.served_api import PolicyServer
 from collapsecheck.errors import CollapsecheckError
-from collapsecheck.formatting import format_number
 from collapsecheck.inputs.checkpoint import Checkpoint
 from collapsecheck.inputs.discovery import RunCheckpoint
 from collapsecheck.progress import ProgressHook, silent
@@ -25,7 +24,7 @@ from collapsecheck.reports.run_report import RunReport, RunStep
 from collapsecheck.runs.join import run_of, with_narrowing
 from collapsecheck.runs.served import ServedScan, scan_served
 from collapsecheck.runs.units import for_step
-from collapsecheck.runs.watch import gated
+from collapsecheck.runs.watch import gated, step_words
 from collapsecheck.settings import WatchSettings
 
 Say = Callable[[str], None]
@@ -100,7 +99,7 @@ class ServedWatch:
         row = served_row(self.request.url, len(self.done) + 1)
         report = scan_served(self.request, self.say, for_step(self.progress, row.label))
         self.done.append(RunStep(row, report))
-        self.say(diagnosis_line(row, report))
+        self.say(f"{row.name}: {step_words(report)}")
         self.after_step(self.run_report(), row, report)
         code, self.fired = gated(report, row, self.gate, self.watch, self.say, self.fired)
         return code
@@ -114,11 +113,3 @@ def served_row(url: str, number: int) -> RunCheckpoint:
     at = datetime.now().strftime("%H:%M:%S")
     served = Checkpoint("served", Path(url.split("://", 1)[-1]), Path("."), url=url)
     return RunCheckpoint(f"diagnosis {number} at {at}", number, served)
-
-
-def diagnosis_line(row: RunCheckpoint, report: Report) -> str:
-    return (
-        f"{row.name}: {report.verdict.label}, normalized MI "
-        f"{format_number(report.value('normalized_mi'))}, retrieval skill "
-        f"{format_number(report.value('retrieval_skill'))}"
-    )

@@ -264,14 +264,19 @@ def step_line(report: Report, unit: WorkUnit, written: float) -> str:
     at = datetime.fromtimestamp(written).strftime("%H:%M:%S")
     pairing = pairing_of(unit.traces)
     scored = f"rollouts scored by {pairing.describe()}, " if pairing is not None else ""
+    when = f"{scored}written {at}, diagnosed {lag:.0f} s later"
+    return f"step {unit.label}: {step_words(report)} ({when})"
+
+
+def step_words(report: Report) -> str:
+    """A diagnosis in a line: the verdict, normalized MI, retrieval skill, where the input
+    shows, the flow, early answering, and the reading from the start where there is one."""
     return (
-        f"step {unit.label}: {report.verdict.label}, normalized MI "
-        f"{format_number(report.value('normalized_mi'))}, retrieval skill "
-        f"{format_number(report.value('retrieval_skill'))}, input shows "
+        f"{report.verdict.label}, normalized MI {format_number(report.value('normalized_mi'))}, "
+        f"retrieval skill {format_number(report.value('retrieval_skill'))}, input shows "
         f"{report.token_information.short(report.metrics)}, flow "
         f"{report.flow.regime.replace('_', ' ')}, early answer "
-        f"{report.early_answer.short(report.metrics)}{start_words(report)} ({scored}written "
-        f"{at}, diagnosed {lag:.0f} s later)"
+        f"{report.early_answer.short(report.metrics)}{start_words(report)}"
     )
 
 
